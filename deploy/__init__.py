@@ -1,0 +1,1 @@
+"""Running kktlab beyond one laptop: Dask cluster specs, Prefect deployments."""

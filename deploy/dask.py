@@ -1,0 +1,51 @@
+"""Dask cluster specs selectable from a config's ``runner`` block.
+
+- ``local``: a ``distributed.LocalCluster`` of worker processes on 127.0.0.1 (default);
+- ``address``: an existing scheduler (``dask scheduler`` + ``dask worker`` processes, a
+  dask-jobqueue SLURM cluster, or a Kubernetes ``dask-kubernetes`` cluster: anything with a
+  ``tcp://host:port``). Example for SLURM::
+
+      from dask_jobqueue import SLURMCluster
+      cluster = SLURMCluster(cores=1, processes=1, memory="16GB", job_extra_directives=["--gres=gpu:1"],
+                             worker_extra_args=["--resources", "GPU=1"])
+      cluster.scale(jobs=8); print(cluster.scheduler_address)   # -> runner.address
+
+- ``cuda``: ``dask_cuda.LocalCUDACluster``, one worker per GPU, each with the resource
+  ``GPU=1`` so GPU bundles only go to GPU workers (``pip install -e .[gpu]``);
+- ``inline``: no Dask, bundles run in threads of the flow process (debugging).
+
+Torch uses one thread per worker process (``OMP_NUM_THREADS=1`` from the nanny plus
+``torch.set_num_threads(1)`` in the task), else 2-core machines crawl (STACK.md §4).
+"""
+
+from __future__ import annotations
+
+GPU_RESOURCE = {"GPU": 1}
+
+
+def task_runner(runner: dict):
+    """The Prefect task runner for a validated ``runner`` block."""
+    kind = runner["cluster"]
+    if kind == "inline":
+        from prefect.task_runners import ThreadPoolTaskRunner
+
+        return ThreadPoolTaskRunner(max_workers=runner["workers"])
+    from prefect_dask import DaskTaskRunner
+
+    if kind == "address":
+        return DaskTaskRunner(address=runner["address"])
+    common = {"host": "127.0.0.1", "dashboard_address": "127.0.0.1:0"}
+    if kind == "cuda":
+        return DaskTaskRunner(cluster_class="dask_cuda.LocalCUDACluster",
+                              cluster_kwargs={**common, "threads_per_worker": runner["threads_per_worker"],
+                                              "resources": GPU_RESOURCE})
+    return DaskTaskRunner(
+        cluster_class="distributed.LocalCluster",
+        cluster_kwargs={**common, "n_workers": runner["workers"], "threads_per_worker": runner["threads_per_worker"],
+                        "processes": True},
+    )
+
+
+def resources_for(device: str) -> dict | None:
+    """Dask resource annotation for a bundle: GPU bundles only run on GPU workers."""
+    return GPU_RESOURCE if device == "cuda" else None

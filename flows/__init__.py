@@ -1,0 +1,1 @@
+"""Prefect flows: wiring only (config -> grid -> bundles -> Dask -> tasks -> storage)."""

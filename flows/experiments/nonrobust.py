@@ -1,0 +1,227 @@
+"""Experiment ``nonrobust`` — paper 002 (Vardi, Yehudai, Shamir): max-margin two-layer ReLU
+nets flip under a small universal perturbation along ẑ ∝ Σ_{i∈I} y_i x_i.
+
+A cell = (data, d, m or α, width, seed, loss, schedule, ...). Cells that differ only in seed,
+d, m and width share one bundle: data are zero-padded along features and samples (masked),
+nets along width with all-zero neurons, which are exact fixed points of GD (spec §7.2), so a
+bundle is one stacked tensor problem. Minibatch cells (m > batch_size) are not padded in m.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import torch
+
+from flows.experiments import Experiment, Param, Var, register
+from kktlab.errors import ConfigError
+from tasks import attack, data, kkt, models, train
+
+P = {
+    "data": Param(str, "sphere", "input distribution (spec §2.7, A11)", choices=tuple(data.DISTRIBUTIONS)),
+    "labels": Param(str, "random", "i.i.d. uniform labels (paper) or exactly balanced (theory regime)",
+                    choices=("random", "balanced")),
+    "d": Param(int, 100, "input dimension", min=2),
+    "alpha": Param(float, 1.0, "sample size m = round(d^alpha) when m is 0 (Fig. 1a)", gt=0),
+    "m": Param(int, 0, "sample size; 0 means round(d^alpha)", min=0),
+    "width": Param(int, 1000, "hidden neurons k", min=1),
+    "seed": Param(int, 0, "one seed draws data, labels, init and batch order (spec A8)", min=0),
+    "loss": Param(str, "exp", "training loss", choices=("exp", "logistic")),
+    "lr0": Param(float, 1e-5, "initial learning rate", gt=0),
+    "lr_factor": Param(float, 1.1, "LR multiplier per period", min=1.0),
+    "lr_period": Param(int, 100, "iterations per LR plateau (paper: 100)", min=1),
+    "lr_period_fast": Param(int, 0, "period once the data are separated (spec E14); 0 keeps lr_period", min=0),
+    "target_loss": Param(float, 1e-30, "stop when the full-data mean loss is below this", gt=0, max=1),
+    "max_iters": Param(int, 150_000, "iteration cap (spec A15)", min=1),
+    "batch_size": Param(int, 5000, "SGD batch (full batch when m <= batch_size)", min=1),
+    "init_scale": Param(float, 1.0, "multiplier of the PyTorch default init (spec E13)", gt=0),
+    "dtype": Param(str, "float64", "training precision (analysis is always float64)", choices=("float32", "float64")),
+    "slack": Param(float, 1.1, "margin set I = {q_i <= slack · q_min} (paper: 1.1)", min=1.0),
+    "attack": Param(str, "margin_direction", "universal direction", choices=tuple(attack.DIRECTIONS)),
+    "kkt_max_m": Param(int, 4000, "fit KKT multipliers only when m <= this (NNLS is O(m²))", min=0),
+}
+
+V = {
+    "m_used": Var("1", "number of training samples m", "int64"),
+    "iters": Var("1", "training iterations taken", "int64"),
+    "status": Var("1", "0 running, 1 converged, 2 max_iters, 3 dead network, 4 diverged", "int8"),
+    "log10_loss": Var("log10", "final full-data mean loss, log10"),
+    "train_acc": Var("1", "fraction of training samples with y N(x) > 0"),
+    "q_min": Var("1", "smallest margin y_i N(x_i) (raw parameters)"),
+    "q_ratio": Var("1", "q_max / q_min (Lemma C.1: -> 1)"),
+    "gamma": Var("1", "normalized margin q_min / ||theta||^2"),
+    "margin_frac": Var("1", "|I_margin| / m, 10% slack (Fig. 2a)"),
+    "n_off_margin": Var("1", "m - |I_margin| (Fig. 2b)", "int64"),
+    "c_star": Var("l2 norm", "smallest c flipping all margin samples along the attack direction (Fig. 1)"),
+    "c_star_rel": Var("1", "c_star / sqrt(d)"),
+    "c_star_rel_norm": Var("1", "c_star / median ||x_i|| (spec A11)"),
+    "simultaneous": Var("1", "1 if c_star = max_i r_i (no non-monotone sample)", "int8"),
+    "frac_all_flipped": Var("1", "fraction of all samples flipped at c_star"),
+    "r_median": Var("l2 norm", "median over I of the per-sample first flip r_i"),
+    "r_min": Var("l2 norm", "smallest per-sample first flip r_i over I"),
+    "kkt_eps": Var("1", "KKT stationarity residual / ||theta_hat|| (spec §2.11)"),
+    "kkt_delta": Var("1", "complementary slackness sum lambda_i (q_hat_i - 1)"),
+    "kkt_sum_lam_ratio": Var("1", "sum lambda / (||theta_hat||^2 / 2), 1 at a KKT point"),
+    "balance_err": Var("1", "sum_j |v_j^2 - ||w_j||^2 - b_j^2| / ||theta||^2"),
+    "theory_p": Var("1", "max_{i!=j in I} |<x_i, x_j>| (Thm 4.1)"),
+    "theory_c_bal": Var("1", "class balance min(|I+|,|I-|)/|I| (Thm 4.1 c)"),
+    "theory_c_prime": Var("1", "|I| (p+1)/(d+1); Thm 4.1 needs <= 1/3"),
+    "theory_z_norm": Var("l2 norm", "||z|| of Thm 4.1's explicit z = (eta1+eta2) sum y_l x_l"),
+    "theory_max_pos": Var("1", "max_{I+} N_hat(x - z); Thm 4.1: <= -1"),
+    "theory_min_neg": Var("1", "min_{I-} N_hat(x + z); Thm 4.1: >= 1"),
+    "robust_radius": Var("l2 norm", "certified radius (1-rho) sqrt(d)/2 of the Thm 3.1 net"),
+    "robust_c_star": Var("l2 norm", "c_star of the Thm 3.1 net along the same direction"),
+    "wall_s": Var("s", "bundle training wall time divided by the bundle's cells"),
+    "q_sample": Var("1", "per-sample margins y_i N(x_i) (NaN past m)", dims=("sample",)),
+    "r_sample": Var("l2 norm", "per-sample first flip r_i along the direction (NaN outside I)", dims=("sample",)),
+}
+
+
+def n_samples(cell: dict) -> int:
+    return cell["m"] or int(math.floor(cell["d"] ** cell["alpha"] + 0.5))
+
+
+def check(cell: dict) -> None:
+    m = n_samples(cell)
+    if m < 2:
+        raise ConfigError("m" if cell["m"] else "alpha", f"gives m = {m} samples; need at least 2")
+    if cell["data"] == "orthogonal" and m > cell["d"]:
+        raise ConfigError("data", f"'orthogonal' needs m <= d, got m={m}, d={cell['d']}")
+    if cell["lr_period_fast"] > cell["lr_period"]:
+        raise ConfigError("lr_period_fast", "must not exceed lr_period (0 turns it off)")
+
+
+def bundle_key(cell: dict) -> tuple:
+    shape_free = {k: v for k, v in cell.items() if k not in ("seed", "d", "alpha", "m", "width")}
+    m = n_samples(cell)
+    minibatch = m if m > cell["batch_size"] else 0  # minibatch cells are not padded in m
+    return tuple(sorted(shape_free.items())) + (("minibatch_m", minibatch),)
+
+
+def cost(cell: dict) -> float:
+    return float(n_samples(cell) * cell["d"] * cell["width"])
+
+
+def extra_dims(cells: list[dict]) -> dict[str, int]:
+    return {"sample": max(n_samples(c) for c in cells)}
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def build(cells: list[dict]):
+    """Data and initial nets of a bundle, zero-padded to common (m, d, k), float64 on CPU."""
+    d_pad = max(c["d"] for c in cells)
+    m_pad = max(n_samples(c) for c in cells)
+    k_pad = max(c["width"] for c in cells)
+    E = len(cells)
+    X = torch.zeros(E, m_pad, d_pad, dtype=torch.float64)
+    y = torch.ones(E, m_pad, dtype=torch.float64)
+    mask = torch.zeros(E, m_pad, dtype=torch.bool)
+    nets, gens = [], []
+    for e, c in enumerate(cells):
+        m, d = n_samples(c), c["d"]
+        g = data.seed_streams(c["seed"], salt=(d, m))
+        Xe, ye = data.synthetic(c["data"], m, d, g, balanced=c["labels"] == "balanced")
+        X[e, :m, :d], y[e, :m], mask[e, :m] = Xe, ye, True
+        nets.append(models.init_two_layer(d, c["width"], g["init"], init_scale=c["init_scale"],
+                                          d_pad=d_pad, k_pad=k_pad))
+        gens.append(g["batches"])
+    return models.stack(nets), X, y, mask, gens
+
+
+def schedule(c: dict) -> train.Schedule:
+    return train.Schedule(loss=c["loss"], lr0=c["lr0"], factor=c["lr_factor"], period=c["lr_period"],
+                          period_fast=c["lr_period_fast"] or None, target_loss=c["target_loss"],
+                          max_iters=c["max_iters"], batch_size=c["batch_size"])
+
+
+def analyse(net, X, y, mask, cells, gens) -> list[dict]:
+    """Every measure of the paper on a trained float64 stack (margins, c*, KKT, theory, Thm 3.1)."""
+    c0 = cells[0]
+    q = kkt.margins(net, X, y)
+    I = attack.margin_set(q, mask, c0["slack"])
+    z_hat = attack.DIRECTIONS[c0["attack"]](net, X, y, I, gens)
+    d_true = torch.tensor([float(c["d"]) for c in cells], dtype=X.dtype)
+    flip = attack.c_star_exact(net, X, y, I, z_hat, cap=20 * torch.sqrt(d_true))
+    finite_c = torch.where(torch.isfinite(flip.c_star), flip.c_star, torch.zeros_like(flip.c_star))
+    f_at = attack.f_along(net, X, y, z_hat, finite_c * (1 + 1e-9) + 1e-12)
+    flipped = ((f_at < 0) & mask).sum(1) / mask.sum(1)
+    fit = kkt.kkt_fit(net, X, y, mask) if max(n_samples(c) for c in cells) <= c0["kkt_max_m"] else None
+    th = kkt.theory_check(net, X, y, I)
+    qv = q.masked_fill(~mask, math.nan)
+    out = []
+    for e, c in enumerate(cells):
+        m, d = n_samples(c), c["d"]
+        r_i = flip.r[e, :m][I[e, :m]]
+        norms = X[e, :m, :d].norm(dim=1)
+        rob_radius, rob_c = _robust(X[e, :m, :d], y[e, :m], z_hat[e, :d])
+        qe = q[e, :m]
+        out.append({
+            "m_used": m, "train_acc": float((qe > 0).double().mean()),
+            "q_min": float(qe.min()), "q_ratio": float(qe.max() / qe.min()),
+            "gamma": float(qe.min() / net.select(slice(e, e + 1)).sq_norm()[0]),
+            "margin_frac": float(I[e].sum()) / m, "n_off_margin": int(m - I[e].sum()),
+            "c_star": float(flip.c_star[e]), "c_star_rel": float(flip.c_star[e]) / math.sqrt(d),
+            "c_star_rel_norm": float(flip.c_star[e] / norms.median()),
+            "simultaneous": int(flip.simultaneous_at_c0[e]), "frac_all_flipped": float(flipped[e]),
+            "r_median": float(r_i.median()) if len(r_i) else math.nan,
+            "r_min": float(r_i.min()) if len(r_i) else math.nan,
+            "kkt_eps": float(fit.eps[e]) if fit else math.nan,
+            "kkt_delta": float(fit.delta[e]) if fit else math.nan,
+            "kkt_sum_lam_ratio": float(fit.sum_lam_ratio[e]) if fit else math.nan,
+            "balance_err": float((net.v[e].pow(2) - net.W[e].pow(2).sum(-1) - net.b[e].pow(2)).abs().sum()
+                                 / net.select(slice(e, e + 1)).sq_norm()[0]),
+            "theory_p": float(th.p[e]), "theory_c_bal": float(th.c_bal[e]),
+            "theory_c_prime": float(th.c_prime[e]), "theory_z_norm": float(th.z_norm[e]),
+            "theory_max_pos": float(th.max_pos[e]), "theory_min_neg": float(th.min_neg[e]),
+            "robust_radius": rob_radius, "robust_c_star": rob_c,
+            "q_sample": qv[e, :m].numpy(), "r_sample": flip.r[e, :m].numpy(),
+        })
+    return out
+
+
+def _robust(X: torch.Tensor, y: torch.Tensor, z_hat: torch.Tensor) -> tuple[float, float]:
+    """Theorem 3.1 net on the same data: certified radius and c* along the same ẑ (spec E8)."""
+    try:
+        net, rho = models.robust_net(X, y)
+    except ValueError:  # rho >= 1: Theorem 3.1 does not apply (e.g. clustered data)
+        return math.nan, math.nan
+    Xs, ys = X.unsqueeze(0), y.unsqueeze(0)
+    I = torch.ones_like(ys, dtype=torch.bool)
+    res = attack.c_star_exact(net, Xs, ys, I, z_hat.unsqueeze(0))
+    return (1 - rho) * math.sqrt(X.shape[1]) / 2, float(res.c_star[0])
+
+
+def run_bundle(cells: list[dict], device: str = "auto") -> list[dict]:
+    """Train the bundle as one stacked problem, then measure everything in float64."""
+    dev = resolve_device(device)
+    dtype = getattr(torch, cells[0]["dtype"])
+    net, X, y, mask, gens = build(cells)
+    t0 = time.perf_counter()
+    st = train.train(
+        models.TwoLayer(*(t.to(dev, dtype) for t in (net.W, net.b, net.v))),
+        X.to(dev, dtype), y.to(dev, dtype), schedule(cells[0]), mask=mask.to(dev), batch_generators=gens)
+    wall = time.perf_counter() - t0
+    trained = models.TwoLayer(*(t.detach().to("cpu", torch.float64) for t in (st.net.W, st.net.b, st.net.v)))
+    results = analyse(trained, X, y, mask, cells, gens)
+    for e, res in enumerate(results):
+        res.update(iters=int(st.iters[e]), status=int(st.status[e]),
+                   log10_loss=float(st.log_loss[e]) / math.log(10), wall_s=wall / len(cells))
+    return results
+
+
+EXPERIMENT = register(Experiment(
+    name="nonrobust",
+    paper="002 Vardi, Yehudai, Shamir: Gradient methods provably converge to non-robust networks",
+    description="train two-layer ReLU nets to loss 1e-30; smallest universal flip c* along z (Fig. 1, 2)",
+    params=P, variables=V, run_bundle=run_bundle, bundle_key=bundle_key, cost=cost, check=check,
+    extra_dims=extra_dims,
+    summary=("m_used", "status", "iters", "train_acc", "margin_frac", "gamma", "c_star", "c_star_rel", "kkt_eps"),
+    spec_ids=("Fig1a", "Fig1b", "Fig2a", "Fig2b", "E4", "E5", "E6", "E8", "E13", "E14"),
+))

@@ -1,0 +1,47 @@
+"""Where flows run: quiet Prefect settings, one embedded Prefect server, the task runner.
+
+The embedded server is started once per process and its URL exported before any Dask worker
+exists, so workers report to it instead of each starting their own (STACK.md §2.4).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+QUIET_ENV = {
+    "DO_NOT_TRACK": "1",
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
+    "PREFECT_LOGGING_LEVEL": "WARNING",
+    "OMP_WAIT_POLICY": "PASSIVE",
+    "DASK_LOGGING__DISTRIBUTED": "error",
+    "DASK_DISTRIBUTED__WORKER__DAEMON": "false",
+}
+
+
+def quiet_env() -> None:
+    """Set the offline/quiet defaults (never overrides what the user set)."""
+    for k, v in QUIET_ENV.items():
+        os.environ.setdefault(k, v)
+
+
+@contextlib.contextmanager
+def prefect_api():
+    """Use $PREFECT_API_URL if set (a real server), else start one embedded server for the run."""
+    quiet_env()
+    if os.environ.get("PREFECT_API_URL"):
+        yield os.environ["PREFECT_API_URL"]
+        return
+    from prefect.server.api.server import SubprocessASGIServer
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    server = SubprocessASGIServer()
+    server.start(timeout=int(os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"]))
+    os.environ["PREFECT_API_URL"] = server.api_url
+    try:
+        with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
+            yield server.api_url
+    finally:
+        os.environ.pop("PREFECT_API_URL", None)
+        server.stop()

@@ -1,0 +1,138 @@
+"""The sweep flow: config -> grid -> bundles -> Dask -> tasks -> storage. Wiring only.
+
+Each bundle (cells that share shapes) is one Prefect task run on a Dask worker. Its cache key
+is the bundle's scalar parameters plus the source of the kernels it runs, never the run id or
+tensors. The flow process writes each finished cell's region and then its ``done`` flag, so a
+killed sweep resumes where it stopped and no cell is written twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import pathlib
+import time
+
+import numpy as np
+from prefect import flow, task
+from prefect.futures import as_completed
+
+from deploy import dask as dask_specs
+from flows import experiments
+from flows.bundles import make_bundles
+from flows.progress import Progress
+from kktlab import config as config_mod
+from kktlab.errors import UserError
+from storage.store import Store
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def code_fingerprint() -> str:
+    """Hash of the kernels and experiment definitions (the 'task source' of a bundle)."""
+    h = hashlib.sha256()
+    for sub in ("tasks", "flows/experiments"):
+        for f in sorted((ROOT / sub).glob("*.py")):
+            h.update(f.name.encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def bundle_cache_key(context, parameters) -> str:
+    payload = json.dumps({"experiment": parameters["experiment"], "cells": parameters["cells"],
+                          "device": parameters["device"], "code": code_fingerprint()}, sort_keys=True)
+    return "kktlab-bundle-" + hashlib.sha256(payload.encode()).hexdigest()
+
+
+def retry_unless_user_error(task, task_run, state) -> bool:
+    """Retry bundles lost to worker deaths or crashes, never ones that failed on bad input."""
+    try:
+        state.result()
+    except (UserError, ValueError, TypeError, KeyError):
+        return False
+    except BaseException:  # noqa: BLE001 - anything else (KilledWorker, OOM, comm errors) is retried
+        return True
+    return False
+
+
+@task(name="run-bundle", cache_key_fn=bundle_cache_key, persist_result=True, retries=2,
+      retry_delay_seconds=1, retry_condition_fn=retry_unless_user_error)
+def run_bundle(experiment: str, cells: list[dict], device: str) -> list[dict]:
+    """Run one bundle of cells on this worker (one torch thread per worker process)."""
+    import torch
+
+    torch.set_num_threads(1)
+    return experiments.get(experiment).run_bundle(cells, device)
+
+
+def plan(cfg: config_mod.Config, store: Store, force: bool):
+    """The cells still to compute, as (grid index, cell) pairs, and how many were done before."""
+    cells = cfg.cells()
+    done = store.done_mask().ravel()
+    indices = store.cell_indices()
+    todo = [(idx, cell) for idx, cell, d in zip(indices, cells, done) if force or not d]
+    return todo, int(done.sum())
+
+
+def open_store(cfg: config_mod.Config, store_path: str, device: str) -> Store:
+    exp = cfg.exp
+    store = Store(store_path, cfg.name)
+    return store.open_or_create(exp, cfg.grid, cfg.params, config_text=cfg.text or json.dumps(cfg.to_dict()),
+                                extra_sizes=exp.extra_dims(cfg.cells()), device=device)
+
+
+@flow(name="kktlab-sweep", log_prints=False, validate_parameters=False)
+def sweep(config: dict, store: str, force: bool = False) -> dict:
+    """Run every pending cell of ``config`` (a validated config dict) into ``store``."""
+    config = dict(config)
+    text = config.pop("_text", "")
+    return execute(config_mod.parse(config, text), store, force)
+
+
+def execute(cfg: config_mod.Config, store_path: str, force: bool) -> dict:
+    t0 = time.perf_counter()
+    device = cfg.runner["device"]
+    store = open_store(cfg, store_path, device)
+    todo, done_before = plan(cfg, store, force)
+    total = len(cfg.cells())
+    stats = {"group": cfg.name, "store": str(store_path), "total": total, "done_before": done_before,
+             "computed": 0, "written": 0, "refused_done": 0, "bundles": 0}
+    if not todo:
+        stats["wall_s"] = time.perf_counter() - t0
+        return stats
+    bundles = make_bundles(cfg.exp, todo, cfg.runner["bundle_size"])
+    stats["bundles"] = len(bundles)
+    progress = Progress(total, total - len(todo), cfg.name)
+    task_fn = run_bundle.with_options(retries=cfg.runner["retries"], refresh_cache=force)
+    resources = dask_specs.resources_for(device)
+    futures = {}
+    import dask
+
+    with dask.annotate(**({"resources": resources} if resources else {})):
+        for b in bundles:
+            fut = task_fn.submit(cfg.experiment, [cell for _, cell in b], device)
+            futures[fut] = b
+    for fut in as_completed(list(futures)):
+        bundle = futures[fut]
+        results = fut.result()
+        stats["computed"] += len(bundle)
+        for (idx, _), values in zip(bundle, results):
+            if store.write_cell(idx, values, force=force):
+                stats["written"] += 1
+            else:
+                stats["refused_done"] += 1
+        progress.advance(len(bundle))
+    stats["wall_s"] = time.perf_counter() - t0
+    return stats
+
+
+def run(cfg: config_mod.Config, store_path: str, force: bool = False) -> dict:
+    """Run a validated config on its task runner (the Prefect API must already be set)."""
+    runner = dask_specs.task_runner(cfg.runner)
+    raw = dict(cfg.to_dict(), _text=cfg.text)
+    raw.pop("store")
+    return sweep.with_options(task_runner=runner, flow_run_name=f"{cfg.name}")(raw, store_path, force)
+
+
+def to_jsonable(stats: dict) -> dict:
+    return {k: (float(v) if isinstance(v, np.floating) else v) for k, v in stats.items()}

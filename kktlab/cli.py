@@ -1,0 +1,139 @@
+"""The ``kktlab`` command line: run, status, show, experiments, report."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from kktlab.errors import UserError
+
+DEFAULT_STORE = "results/{name}.zarr"
+
+
+def _store_path(cfg, arg: str | None) -> str:
+    return arg or cfg.store or DEFAULT_STORE.format(name=cfg.name)
+
+
+def cmd_run(args) -> int:
+    from kktlab import config as config_mod
+
+    overrides: dict = {}
+    runner: dict = {}
+    if args.dask_address:
+        runner.update(cluster="address", address=args.dask_address)
+    if args.workers is not None:
+        runner["workers"] = args.workers
+    if args.device:
+        runner["device"] = args.device
+    if runner:
+        overrides["runner"] = runner
+    cfg = config_mod.load(args.config, overrides)  # fails early, before any server starts
+    store = _store_path(cfg, args.store)
+    from flows import runtime
+
+    runtime.quiet_env()
+    # the store is opened (and checked) before the server or cluster starts
+    from flows.sweep import open_store, run
+
+    open_store(cfg, store, cfg.runner["device"])
+    print(f"[kktlab] {cfg.experiment} '{cfg.name}': {len(cfg.cells())} cells -> {store}", file=sys.stderr)
+    with runtime.prefect_api():
+        stats = run(cfg, store, force=args.force)
+    from storage.query import open_results, summary
+
+    ds = open_results(store, cfg.name)
+    print(summary(ds, variables=cfg.exp.summary))
+    print(f"\nstore: {os.path.abspath(store)}  group: {cfg.name}")
+    print("cells: {total} total, {done_before} done before, {written} written now, {refused_done} refused "
+          "(already done), {bundles} bundles, {wall_s:.1f} s".format(**stats))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(stats, f, indent=2, default=str)
+    return 0
+
+
+def cmd_status(args) -> int:
+    from storage.query import status
+
+    rows = status(args.store)
+    for r in rows:
+        pct = 100 * r["done"] / r["total"] if r["total"] else 100
+        print(f"{r['group']:<24} {r['experiment']:<12} {r['done']:>7}/{r['total']:<7} ({pct:.0f}%)")
+    return 0
+
+
+def cmd_show(args) -> int:
+    from storage.query import groups, open_results, provenance, summary
+
+    for g in [args.group] if args.group else groups(args.store):
+        ds = open_results(args.store, g)
+        print(f"== {g}")
+        print(ds)
+        print(json.dumps(provenance(ds), indent=1))
+        exp_name = ds.attrs.get("kktlab_experiment")
+        from flows import experiments
+
+        shown = experiments.get(exp_name).summary if exp_name in experiments.names() else ()
+        print(summary(ds, variables=shown))
+    return 0
+
+
+def cmd_experiments(args) -> int:
+    from flows import experiments
+
+    for name in experiments.names():
+        exp = experiments.get(name)
+        print(f"{name}: {exp.description}\n  paper {exp.paper}\n  spec ids: {', '.join(exp.spec_ids)}")
+        for pname, p in exp.params.items():
+            default = "required" if p.default is experiments.REQUIRED else repr(p.default)
+            print(f"    {pname:<16} {p.allowed():<36} default {default:<12} {p.doc}")
+        print("  stores: " + ", ".join(exp.variables))
+    return 0
+
+
+def cmd_report(args) -> int:
+    from kktlab.report import report
+
+    paths = report(args.store, args.out)
+    for p in paths:
+        print(p)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="kktlab", description=__doc__)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="run a config's sweep (resumes; never overwrites done cells)")
+    r.add_argument("config")
+    r.add_argument("--store", help="results store path (default: the config's store)")
+    r.add_argument("--dask-address", help="use an existing Dask scheduler tcp://host:port")
+    r.add_argument("--workers", type=int, help="local Dask worker processes")
+    r.add_argument("--device", choices=("auto", "cpu", "cuda"))
+    r.add_argument("--force", action="store_true", help="recompute and overwrite done cells")
+    r.add_argument("--json", help="write the run's statistics to this JSON file")
+    r.set_defaults(fn=cmd_run)
+    s = sub.add_parser("status", help="cells done / total per experiment")
+    s.add_argument("store")
+    s.set_defaults(fn=cmd_status)
+    s = sub.add_parser("show", help="the xarray summary of a store")
+    s.add_argument("store")
+    s.add_argument("--group")
+    s.set_defaults(fn=cmd_show)
+    s = sub.add_parser("experiments", help="what can be run, with parameters")
+    s.set_defaults(fn=cmd_experiments)
+    s = sub.add_parser("report", help="the paper figures as PNG + index.md")
+    s.add_argument("store")
+    s.add_argument("--out", required=True)
+    s.set_defaults(fn=cmd_report)
+    args = ap.parse_args(argv)
+    try:
+        return args.fn(args)
+    except UserError as err:
+        print(f"kktlab: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The results store: chunked Zarr (format 3), one group per experiment, opened as xarray."""

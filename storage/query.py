@@ -1,0 +1,71 @@
+"""Reading results: ``open_results(path)`` -> xarray.Dataset, status and summaries."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import numpy as np
+import xarray as xr
+import zarr
+
+from kktlab.errors import StoreError
+from storage import schema
+from storage.store import open_dataset
+
+
+def groups(path: str | pathlib.Path) -> list[str]:
+    """The experiment groups of a store."""
+    path = pathlib.Path(path)
+    if not (path / "zarr.json").exists():
+        raise StoreError(f"{path} is not a kktlab store (no zarr.json)")
+    root = zarr.open_group(str(path), mode="r", zarr_format=3)
+    return sorted(name for name, g in root.groups() if "kktlab_identity" in g.attrs)
+
+
+def open_results(path: str | pathlib.Path, group: str | None = None) -> xr.Dataset:
+    """The results of one experiment as an xarray.Dataset (lazy, dask-backed).
+
+    ``group`` may be left out when the store holds a single experiment.
+    """
+    names = groups(path)
+    if group is None:
+        if len(names) != 1:
+            raise StoreError(f"{path} holds {len(names)} experiments {names}; pass group=")
+        group = names[0]
+    if group not in names:
+        raise StoreError(f"{path} has no experiment group {group!r}; it has {names}")
+    return open_dataset(path, group)
+
+
+def status(path: str | pathlib.Path) -> list[dict]:
+    """Cells done / total per experiment group (reads only the ``done`` arrays)."""
+    out = []
+    for name in groups(path):
+        g = zarr.open_group(str(pathlib.Path(path) / name), mode="r", zarr_format=3)
+        done = np.asarray(g[schema.DONE][...], dtype=bool)
+        out.append({"group": name, "experiment": g.attrs.get("kktlab_experiment", "?"),
+                    "done": int(done.sum()), "total": int(done.size)})
+    return out
+
+
+def summary(ds: xr.Dataset, over: str = "seed", max_rows: int = 40, variables: tuple = ()) -> str:
+    """A text table: scalar variables averaged over ``over`` (when it is a dim), done cells only."""
+    scalars = [v for v in ds.data_vars if v != schema.DONE and ds[v].dims == ds[schema.DONE].dims
+               and np.dtype(ds[v].dtype).kind in "fiub" and (not variables or v in variables)]
+    sub = ds[scalars].where(ds[schema.DONE]).load()
+    sub["done_frac"] = ds[schema.DONE].astype(float)
+    if over in sub.dims:
+        sub = sub.mean(over, skipna=True)
+    df = sub.to_dataframe()
+    if len(df) > max_rows:
+        df = df.head(max_rows)
+    import pandas as pd
+
+    with pd.option_context("display.width", 200, "display.max_columns", 12, "display.precision", 4):
+        return df.to_string()
+
+
+def provenance(ds: xr.Dataset) -> dict:
+    return {k: (json.loads(v) if k == "versions" else v) for k, v in ds.attrs.items()
+            if k in ("kktlab_experiment", "git_commit", "device", "created", "versions", "host")}

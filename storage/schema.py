@@ -1,0 +1,64 @@
+"""Grid -> dims/coords; variables with units and description; one chunk per grid cell.
+
+Every grid axis becomes a dim with its values as coords. Each variable has the grid dims
+followed by its own extra dims (e.g. ``sample``); its chunks are 1 along every grid dim and
+whole along the extra dims, so each cell owns its chunks and two writers never share one.
+A boolean ``done`` variable marks finished cells.
+"""
+
+from __future__ import annotations
+
+import dask.array as da
+import numpy as np
+import xarray as xr
+
+from flows.experiments import Experiment
+
+DONE = "done"
+
+
+def coord_values(values: list) -> np.ndarray:
+    arr = np.asarray(values)
+    if arr.dtype.kind in "OU":
+        arr = arr.astype(str)
+    return arr
+
+
+def fill_value(dtype: np.dtype):
+    dtype = np.dtype(dtype)
+    if dtype.kind == "f":
+        return np.nan
+    if dtype.kind == "b":
+        return False
+    if dtype.kind in "iu":
+        return -1 if dtype.kind == "i" else 0
+    raise TypeError(f"unsupported variable dtype {dtype}")
+
+
+def template(exp: Experiment, grid: dict[str, list], extra_sizes: dict[str, int]) -> xr.Dataset:
+    """The empty (lazy, fill-valued) dataset a store is created from."""
+    dims = tuple(grid)
+    shape = tuple(len(v) for v in grid.values())
+    data_vars = {}
+    for name, var in exp.variables.items():
+        vdims = dims + var.dims
+        vshape = shape + tuple(extra_sizes[x] for x in var.dims)
+        chunks = (1,) * len(dims) + tuple(extra_sizes[x] for x in var.dims)
+        dt = np.dtype(var.dtype)
+        arr = da.full(vshape, fill_value(dt), dtype=dt, chunks=chunks)
+        data_vars[name] = xr.Variable(vdims, arr, attrs={"units": var.units, "description": var.description})
+    data_vars[DONE] = xr.Variable(
+        dims, da.zeros(shape, dtype=bool, chunks=(1,) * len(dims)),
+        attrs={"units": "1", "description": "True once every variable of the cell is written"},
+    )
+    coords = {k: coord_values(v) for k, v in grid.items()}
+    return xr.Dataset(data_vars, coords=coords)
+
+
+def encoding(ds: xr.Dataset) -> dict:
+    enc = {}
+    for name, var in ds.data_vars.items():
+        enc[name] = {"chunks": tuple(c[0] for c in var.chunks)}
+        if np.dtype(var.dtype).kind == "f":
+            enc[name]["fill_value"] = np.nan
+    return enc

@@ -1,0 +1,152 @@
+"""Create-from-template, region writes, ``done`` mask, resume, refusal to overwrite.
+
+Layout: ``<store>/<group>/`` is one experiment (group = config ``name``). The group's attrs
+hold provenance (config, versions, git commit, device) and what defines the grid, so a rerun
+can check it is the same experiment. Writes go straight to the Zarr arrays of one cell
+(every chunk belongs to exactly one cell); ``done`` is set last, so a kill between the two
+leaves the cell pending and it is recomputed.
+"""
+
+from __future__ import annotations
+
+import datetime
+import itertools
+import json
+import pathlib
+import platform
+import subprocess
+import warnings
+
+import numpy as np
+import xarray as xr
+import zarr
+
+from flows.experiments import Experiment
+from kktlab.errors import StoreError
+from storage import schema
+
+warnings.filterwarnings("ignore", message=".*Consolidated metadata.*")
+warnings.filterwarnings("ignore", message=".*does not have a Zarr V3 specification.*")
+
+
+def versions() -> dict[str, str]:
+    import importlib.metadata as md
+
+    out = {"python": platform.python_version()}
+    for pkg in ("kktlab", "torch", "numpy", "xarray", "zarr", "dask", "distributed", "prefect"):
+        try:
+            out[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            out[pkg] = "not installed"
+    return out
+
+
+def git_commit() -> str:
+    root = pathlib.Path(__file__).resolve().parents[1]
+    try:
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10)
+        if out.returncode == 0:
+            return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return "unknown"
+
+
+class Store:
+    """One experiment group of a results store."""
+
+    def __init__(self, path: str | pathlib.Path, group: str):
+        self.path = pathlib.Path(path)
+        self.group_name = group
+
+    # --- creation / checks -----------------------------------------------------------------
+    def identity(self, exp: Experiment, grid: dict[str, list], params: dict) -> dict:
+        return {"experiment": exp.name, "grid": {k: list(v) for k, v in grid.items()}, "params": params}
+
+    def open_or_create(self, exp: Experiment, grid: dict[str, list], params: dict, *,
+                       config_text: str, extra_sizes: dict[str, int], device: str) -> "Store":
+        """Create the group from the template, or check an existing one is the same experiment."""
+        if self.path.exists() and not self.path.is_dir():
+            raise StoreError(f"store path {self.path} exists and is not a directory")
+        if self.path.is_dir() and any(self.path.iterdir()) and not (self.path / "zarr.json").exists():
+            raise StoreError(f"store path {self.path} is a non-empty directory that is not a Zarr store")
+        ident = self.identity(exp, grid, params)
+        gpath = self.path / self.group_name
+        if (gpath / "zarr.json").exists():
+            self.check_identity(ident)
+            return self
+        zarr.open_group(str(self.path), mode="a", zarr_format=3)  # the root group, if new
+        ds = schema.template(exp, grid, extra_sizes)
+        ds.attrs.update({
+            "kktlab_identity": json.dumps(ident, sort_keys=True, default=str),
+            "kktlab_experiment": exp.name,
+            "paper": exp.paper,
+            "config": config_text,
+            "versions": json.dumps(versions()),
+            "git_commit": git_commit(),
+            "device": device,
+            "host": platform.node(),
+            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        })
+        ds.to_zarr(str(self.path), group=self.group_name, mode="w-", compute=False,
+                   encoding=schema.encoding(ds), zarr_format=3, consolidated=False)
+        return self
+
+    def check_identity(self, ident: dict) -> None:
+        attrs = self.group().attrs
+        if "kktlab_identity" not in attrs:
+            raise StoreError(f"group '{self.group_name}' of {self.path} was not written by kktlab")
+        have = json.loads(attrs["kktlab_identity"])
+        want = json.loads(json.dumps(ident, sort_keys=True, default=str))
+        if have["experiment"] != want["experiment"]:
+            raise StoreError(
+                f"store {self.path} group '{self.group_name}' holds experiment '{have['experiment']}', "
+                f"the config asks for '{want['experiment']}'; use another --store or config 'name'")
+        for part in ("grid", "params"):
+            keys = sorted(set(have[part]) | set(want[part]))
+            for k in keys:
+                if have[part].get(k) != want[part].get(k):
+                    raise StoreError(
+                        f"config field '{part}.{k}' is {want[part].get(k)!r} but store {self.path} group "
+                        f"'{self.group_name}' was made with {have[part].get(k)!r}; use another --store or name")
+
+    # --- reading --------------------------------------------------------------------------
+    def group(self, mode: str = "r") -> zarr.Group:
+        return zarr.open_group(str(self.path / self.group_name), mode=mode, zarr_format=3)
+
+    def dims(self) -> list[str]:
+        return list(self.group()[schema.DONE].metadata.dimension_names)
+
+    def done_mask(self) -> np.ndarray:
+        return np.asarray(self.group()[schema.DONE][...], dtype=bool)
+
+    # --- writing --------------------------------------------------------------------------
+    def write_cell(self, index: tuple[int, ...], values: dict, *, force: bool = False) -> bool:
+        """Write one cell's variables, then mark it done. Returns False (writes nothing) if the
+        cell is already done and ``force`` is not set: stored results are never overwritten
+        silently."""
+        g = self.group("r+")
+        done = g[schema.DONE]
+        if bool(done[index]) and not force:
+            return False
+        for name, value in values.items():
+            arr = g[name]
+            extra = arr.shape[len(index):]
+            v = np.asarray(value, dtype=arr.dtype)
+            if extra:
+                full = np.full(extra, schema.fill_value(arr.dtype), dtype=arr.dtype)
+                full[tuple(slice(0, s) for s in v.shape)] = v
+                v = full
+            arr[index] = v
+        done[index] = True
+        return True
+
+    def cell_indices(self) -> list[tuple[int, ...]]:
+        shape = self.group()[schema.DONE].shape
+        return list(itertools.product(*(range(s) for s in shape)))
+
+
+def open_dataset(path: str | pathlib.Path, group: str) -> xr.Dataset:
+    return xr.open_zarr(str(path), group=group, consolidated=False)

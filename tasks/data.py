@@ -1,0 +1,126 @@
+"""Datasets: synthetic (paper 002 §2.7, E5-E7) and real (MNIST, CIFAR-10 from ../shared/data).
+
+Synthetic generators take a ``torch.Generator`` and return float64 CPU tensors; callers move
+them to the device/dtype of the bundle. ``seed_streams`` derives independent sub-seeds for
+data, labels, init and minibatch order from one grid seed (spec 002 A8).
+"""
+
+from __future__ import annotations
+
+import gzip
+import math
+import pathlib
+
+import numpy as np
+import torch
+
+STREAMS = ("data", "labels", "init", "batches")
+
+
+def seed_streams(seed: int, salt: tuple[int, ...] = ()) -> dict[str, torch.Generator]:
+    """Independent generators for each random stream of one grid seed (SeedSequence.spawn).
+
+    ``salt`` (e.g. the cell's shape) decorrelates cells that share a seed but differ in size.
+    """
+    children = np.random.SeedSequence([int(seed), *map(int, salt)]).spawn(len(STREAMS))
+    gens = {}
+    for name, child in zip(STREAMS, children):
+        g = torch.Generator()
+        g.manual_seed(int(child.generate_state(1, np.uint64)[0] >> np.uint64(1)))
+        gens[name] = g
+    return gens
+
+
+def sphere(m: int, d: int, g: torch.Generator) -> torch.Tensor:
+    """``x ~ U(√d · S^{d-1})`` (paper 002 Sec. 6)."""
+    z = torch.randn(m, d, generator=g, dtype=torch.float64)
+    return math.sqrt(d) * z / z.norm(dim=1, keepdim=True)
+
+
+def gauss(m: int, d: int, g: torch.Generator) -> torch.Tensor:
+    """``x ~ N(0, I_d)`` (spec 002 A11: the √d-scale reading of the Gaussian variant)."""
+    return torch.randn(m, d, generator=g, dtype=torch.float64)
+
+
+def gauss_scaled(m: int, d: int, g: torch.Generator) -> torch.Tensor:
+    """``x ~ N(0, I_d/d)`` (the literal "variance 1/d" of Sec. 6; ‖x‖ ≈ 1, spec A11)."""
+    return torch.randn(m, d, generator=g, dtype=torch.float64) / math.sqrt(d)
+
+
+def orthogonal(m: int, d: int, g: torch.Generator) -> torch.Tensor:
+    """``X = √d · Q[:m]`` with Q a random orthogonal matrix (Theorem 4.1 regime, spec E6)."""
+    if m > d:
+        raise ValueError(f"orthogonal data needs m <= d, got m={m}, d={d}")
+    A = torch.randn(d, d, generator=g, dtype=torch.float64)
+    Q, R = torch.linalg.qr(A)
+    Q = Q * torch.sign(torch.diagonal(R))  # Haar measure
+    return math.sqrt(d) * Q[:m]
+
+
+DISTRIBUTIONS = {"sphere": sphere, "gauss": gauss, "gauss_scaled": gauss_scaled, "orthogonal": orthogonal}
+
+
+def labels(m: int, g: torch.Generator, *, balanced: bool = False) -> torch.Tensor:
+    """Labels in {-1, +1}: i.i.d. uniform (paper), re-drawn while one class is empty (spec A7);
+    or exactly balanced (a random half positive) for the theory-regime checks."""
+    if balanced:
+        y = torch.ones(m, dtype=torch.float64)
+        y[torch.randperm(m, generator=g)[: m // 2]] = -1
+        return y
+    while True:
+        y = torch.randint(0, 2, (m,), generator=g).to(torch.float64) * 2 - 1
+        if m < 2 or (y > 0).any() and (y < 0).any():
+            return y
+
+
+def synthetic(kind: str, m: int, d: int, gens: dict[str, torch.Generator], *, balanced: bool = False):
+    """A labelled synthetic dataset ``(X (m,d), y (m,))`` of a registered kind."""
+    if kind not in DISTRIBUTIONS:
+        raise ValueError(f"unknown data kind {kind!r}; allowed: {sorted(DISTRIBUTIONS)}")
+    return DISTRIBUTIONS[kind](m, d, gens["data"]), labels(m, gens["labels"], balanced=balanced)
+
+
+# --- real data (read from the shared folder, never copied into the repo) ----------------------
+
+def shared_data_dir() -> pathlib.Path:
+    """``$KKTLAB_DATA`` or ``../shared/data`` next to the repository."""
+    import os
+
+    env = os.environ.get("KKTLAB_DATA")
+    if env:
+        return pathlib.Path(env)
+    return pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+def _idx(path: pathlib.Path, offset: int) -> np.ndarray:
+    with gzip.open(path, "rb") as f:
+        return np.frombuffer(f.read(), np.uint8, offset=offset)
+
+
+def mnist(split: str = "train", root: pathlib.Path | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """MNIST images in [0,1] as (n, 784) float64 and labels (n,) int64."""
+    root = (root or shared_data_dir()) / "mnist"
+    pre = "train" if split == "train" else "t10k"
+    x = _idx(root / f"{pre}-images-idx3-ubyte.gz", 16).reshape(-1, 784)
+    y = _idx(root / f"{pre}-labels-idx1-ubyte.gz", 8)
+    return torch.from_numpy(x.astype(np.float64) / 255.0), torch.from_numpy(y.astype(np.int64))
+
+
+def cifar10(split: str = "train", root: pathlib.Path | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """CIFAR-10 subset in [0,1] as (n, 3072) float64 (channel-major rows) and labels (n,)."""
+    root = (root or shared_data_dir()) / "cifar10"
+    with np.load(root / "cifar10_batch1_test1000.npz") as z:
+        x, y = z[f"x_{split}"], z[f"y_{split}"]
+    x = x.transpose(0, 3, 1, 2).reshape(len(x), -1)
+    return torch.from_numpy(x.astype(np.float64) / 255.0), torch.from_numpy(y.astype(np.int64))
+
+
+def binary_subset(x: torch.Tensor, y: torch.Tensor, pos: int, neg: int, n: int | None,
+                  g: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Class ``pos`` vs ``neg`` as labels ±1, optionally a random subset of n points."""
+    keep = (y == pos) | (y == neg)
+    xs, ys = x[keep], torch.where(y[keep] == pos, 1.0, -1.0).to(torch.float64)
+    if n is not None:
+        idx = torch.randperm(len(xs), generator=g)[:n]
+        xs, ys = xs[idx], ys[idx]
+    return xs, ys

@@ -1,0 +1,185 @@
+"""Batched training of E two-layer nets to a tiny loss (paper 002 Sec. 6, spec §2.2, §2.6).
+
+The step is the spec's log-space form of plain GD/SGD on the exponential or logistic loss:
+
+    ∇L = -L · Σ_i π_i y_i ∇_θ N(x_i),   π_i = |ℓ'(q_i)| / Σ_l ℓ(q_l)        (spec 002 §2.2)
+    θ ← θ + exp(log lr_t + log L) · Σ_i π_i y_i ∇_θ N(x_i)
+
+so neither L ≈ 1e-30 nor lr ≈ 1e25 is ever formed as a float. Gradients are written by hand
+with two ``bmm`` per step (no autograd graph), all E nets in one kernel. Each net keeps its own
+schedule state and stops on device when its full-data loss drops below the target; finished
+nets are frozen (scale 0), which is identical to stopping them. Only every ``sync_every``
+steps does the host look at the state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+
+from tasks.models import TwoLayer
+
+RUNNING, CONVERGED, MAX_ITERS, DEAD, DIVERGED = 0, 1, 2, 3, 4
+STATUS_NAMES = {RUNNING: "running", CONVERGED: "converged", MAX_ITERS: "max_iters", DEAD: "dead",
+                DIVERGED: "diverged"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """Paper 002 Sec. 6: lr_t = lr0 · factor^(t // period), stop when loss < target.
+
+    ``period_fast`` (spec E14): once every training point of a net is classified correctly its
+    period switches to ``period_fast`` (None keeps the paper's schedule). ``max_log_lr`` caps the
+    LR exponent (spec A22); ``max_iters`` caps the run (spec A15).
+    """
+
+    loss: str = "exp"  # "exp" | "logistic"
+    lr0: float = 1e-5
+    factor: float = 1.1
+    period: int = 100
+    period_fast: int | None = None
+    target_loss: float = 1e-30
+    max_iters: int = 150_000
+    batch_size: int = 5000
+    max_log_lr: float = math.log(1e30)
+    sync_every: int = 100
+
+
+@dataclasses.dataclass
+class TrainState:
+    """Everything needed to continue training (checkpoint / resume inside a cell)."""
+
+    net: TwoLayer
+    log_lr: torch.Tensor  # (E,) float64
+    plateau_pos: torch.Tensor  # (E,) int64, steps taken in the current LR plateau
+    iters: torch.Tensor  # (E,) int64, steps taken
+    status: torch.Tensor  # (E,) int8, see STATUS_NAMES
+    log_loss: torch.Tensor  # (E,) float64, last full-data log loss (mean reduction)
+
+    @property
+    def running(self) -> torch.Tensor:
+        return self.status == RUNNING
+
+
+def log_loss_terms(q: torch.Tensor, loss: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(log ℓ(q), log |ℓ'(q)|)`` elementwise, stable for any q (spec 002 §2.2)."""
+    if loss == "exp":
+        return -q, -q
+    if loss == "logistic":
+        big = q > 30
+        safe = torch.where(big, torch.zeros_like(q), q)
+        log_l = torch.where(big, -q - 0.5 * torch.exp(-q), torch.log(torch.nn.functional.softplus(-safe)))
+        return log_l, -torch.nn.functional.softplus(q)
+    raise ValueError(f"unknown loss {loss!r}; allowed: 'exp', 'logistic'")
+
+
+def data_log_loss(net: TwoLayer, X: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, loss: str) -> torch.Tensor:
+    """Full-data log loss with mean reduction over the valid samples, (E,) float64."""
+    q = y * net(X)
+    log_l = log_loss_terms(q, loss)[0].masked_fill(~mask, -math.inf)
+    n = mask.sum(1).clamp_min(1).to(torch.float64)
+    return torch.logsumexp(log_l.to(torch.float64), 1) - torch.log(n)
+
+
+def init_state(net: TwoLayer, schedule: Schedule) -> TrainState:
+    E, dev = net.E, net.W.device
+    return TrainState(
+        net=net.clone(),
+        log_lr=torch.full((E,), math.log(schedule.lr0), dtype=torch.float64, device=dev),
+        plateau_pos=torch.zeros(E, dtype=torch.int64, device=dev),
+        iters=torch.zeros(E, dtype=torch.int64, device=dev),
+        status=torch.zeros(E, dtype=torch.int8, device=dev),
+        log_loss=torch.zeros(E, dtype=torch.float64, device=dev),
+    )
+
+
+def _step(st: TrainState, X, y, mask, sched: Schedule, check_stop: bool) -> None:
+    """One GD step on batch (X, y, mask) for every running net, in place."""
+    net = st.net
+    H = net.pre(X)  # (E,n,k)
+    act = H > 0
+    A = torch.relu(H)
+    q = y * torch.bmm(A, net.v.unsqueeze(-1)).squeeze(-1)
+    log_l, log_dl = log_loss_terms(q, sched.loss)
+    log_l = log_l.masked_fill(~mask, -math.inf)
+    lse = torch.logsumexp(log_l.to(torch.float64), 1)  # log Σ ℓ
+    n = mask.sum(1).to(torch.float64)
+    log_L = lse - torch.log(n)  # mean reduction (spec A2)
+    if check_stop:  # full batch: the batch loss is the data loss, checked every step (spec A3)
+        st.log_loss = torch.where(st.running, log_L, st.log_loss)
+        st.status = torch.where(st.running & (log_L < math.log(sched.target_loss)),
+                                torch.tensor(CONVERGED, dtype=torch.int8, device=X.device), st.status)
+        st.status = torch.where(st.running & ~torch.isfinite(log_L),
+                                torch.tensor(DIVERGED, dtype=torch.int8, device=X.device), st.status)
+        dead = ~(act & mask.unsqueeze(-1)).any(2).any(1)
+        st.status = torch.where(st.running & dead, torch.tensor(DEAD, dtype=torch.int8, device=X.device), st.status)
+    run = st.running
+    scale = torch.where(run, torch.exp(st.log_lr + log_L), torch.zeros_like(log_L))
+    pi = torch.exp(log_dl.to(torch.float64) - lse.unsqueeze(1)).masked_fill(~mask, 0.0)
+    g = (y * pi * scale.unsqueeze(1)).to(X.dtype)  # (E,n): ascent weights on y·N
+    dv = torch.bmm(A.transpose(1, 2), g.unsqueeze(-1)).squeeze(-1)
+    G = g.unsqueeze(-1) * act * net.v.unsqueeze(1)
+    net.W += torch.bmm(G.transpose(1, 2), X)
+    net.b += G.sum(1)
+    net.v += dv
+    # schedule: per-net plateau counter; the period shortens once the net separates the data
+    st.iters += run
+    st.plateau_pos += run
+    period = torch.full_like(st.plateau_pos, sched.period)
+    if sched.period_fast is not None:
+        separated = ((q > 0) | ~mask).all(1)
+        period = torch.where(separated, torch.full_like(period, sched.period_fast), period)
+    bump = run & (st.plateau_pos >= period)
+    st.log_lr = torch.where(bump, (st.log_lr + math.log(sched.factor)).clamp_max(sched.max_log_lr), st.log_lr)
+    st.plateau_pos = torch.where(bump, torch.zeros_like(st.plateau_pos), st.plateau_pos)
+
+
+def train(net: TwoLayer, X: torch.Tensor, y: torch.Tensor, schedule: Schedule, *,
+          mask: torch.Tensor | None = None, batch_generators: list[torch.Generator] | None = None,
+          state: TrainState | None = None, max_steps: int | None = None) -> TrainState:
+    """Train the stack until every net has converged, died, diverged or hit ``max_iters``.
+
+    X (E,m,d), y (E,m) in {±1}, mask (E,m) marks real samples (padding is False). If
+    m > batch_size, plain SGD with a fresh per-net permutation each epoch (spec A4; needs
+    ``batch_generators``, one per net, and no padding). ``state`` continues an earlier call;
+    ``max_steps`` bounds this call (for checkpointing), the returned state says where it stopped.
+    """
+    E, m, _ = X.shape
+    mask = torch.ones(E, m, dtype=torch.bool, device=X.device) if mask is None else mask
+    st = state if state is not None else init_state(net, schedule)
+    full_batch = m <= schedule.batch_size
+    if not full_batch:
+        if not bool(mask.all()):
+            raise ValueError("padded samples (mask) are not supported with minibatches")
+        if batch_generators is None or len(batch_generators) != E:
+            raise ValueError("minibatch training needs one batch generator per net")
+    steps, batches = 0, []
+    max_steps = max_steps if max_steps is not None else schedule.max_iters
+    while steps < max_steps:
+        if full_batch:
+            _step(st, X, y, mask, schedule, check_stop=True)
+        else:
+            if not batches:
+                perms = torch.stack([torch.randperm(m, generator=gen) for gen in batch_generators]).to(X.device)
+                batches = list(torch.split(perms, schedule.batch_size, dim=1))
+            idx = batches.pop(0)
+            Xb = torch.gather(X, 1, idx.unsqueeze(-1).expand(-1, -1, X.shape[2]))
+            yb = torch.gather(y, 1, idx)
+            _step(st, Xb, yb, torch.ones_like(yb, dtype=torch.bool), schedule, check_stop=False)
+        steps += 1
+        at_sync = steps % schedule.sync_every == 0
+        if not full_batch and (at_sync or steps == max_steps):
+            log_L = data_log_loss(st.net, X, y, mask, schedule.loss)
+            st.log_loss = torch.where(st.running, log_L, st.log_loss)
+            conv = st.running & (log_L < math.log(schedule.target_loss))
+            st.status = torch.where(conv, torch.tensor(CONVERGED, dtype=torch.int8, device=X.device), st.status)
+            bad = st.running & ~torch.isfinite(log_L)
+            st.status = torch.where(bad, torch.tensor(DIVERGED, dtype=torch.int8, device=X.device), st.status)
+        if at_sync:
+            capped = st.running & (st.iters >= schedule.max_iters)
+            st.status = torch.where(capped, torch.tensor(MAX_ITERS, dtype=torch.int8, device=X.device), st.status)
+            if not bool(st.running.any()):
+                break
+    return st
