@@ -1,0 +1,46 @@
+# kktlab: `make run` (quickstart) and `make test` (the whole suite). See README.md.
+PY      ?= python3.11
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+TORCH   ?= torch==2.13.0
+CONFIG  ?= configs/quickstart.yaml
+export DO_NOT_TRACK := 1
+export PREFECT_SERVER_ANALYTICS_ENABLED := false
+export OMP_WAIT_POLICY := PASSIVE
+export PREFECT_HOME ?= $(CURDIR)/.prefect
+PPORT   ?= 4200
+POOL    ?= kktlab-pool
+
+.PHONY: venv install run test test-fast bench server worker deploy clean
+
+$(BIN)/kktlab: pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q "$(TORCH)" -e ".[dev]"
+	touch $(BIN)/kktlab
+
+venv install: $(BIN)/kktlab
+
+run: install
+	$(BIN)/kktlab run $(CONFIG)
+
+test: install
+	$(BIN)/python -m pytest -q -ra $(PYTEST_ARGS)
+
+test-fast: install
+	$(BIN)/python -m pytest -q -ra -m "not slow and not requires_services" $(PYTEST_ARGS)
+
+bench: install
+	$(BIN)/python benchmarks/run_all.py
+
+server: install
+	PREFECT_UI_API_URL=http://127.0.0.1:$(PPORT)/api $(BIN)/prefect server start --host 127.0.0.1 --port $(PPORT)
+
+worker: install
+	PREFECT_API_URL=http://127.0.0.1:$(PPORT)/api $(BIN)/prefect worker start --pool $(POOL) --type process
+
+deploy: install
+	PREFECT_API_URL=http://127.0.0.1:$(PPORT)/api $(BIN)/python -m deploy.prefect_deploy --pool $(POOL)
+
+clean:
+	rm -rf results .prefect .pytest_cache

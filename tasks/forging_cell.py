@@ -1,0 +1,143 @@
+"""Paper 000 (forging sets): one grid cell = scalars in, a dict of numbers out.
+
+The flow layer (flows/experiments/forging.py) only calls :func:`forging_cell`; everything it
+stores is computed here from tasks/forging_* kernels. Conventions (spec §4 "Defaults"):
+w, x* ~ N(0, I) from ``model_seed``; y* = φ(x*) - A/||h(x*)|| so that ||∇_w f(x*)|| = A.
+
+domain = "slab": z ∈ B_R, label unrestricted (Props 2/4, D000-2/3); "ball": x = (z, t) in
+D2 = B_R(x*) ⊂ R^{d+1} (§4, D000-4), with m > 1 the batch set of Eq 41 on D2^m (§5, D000-6).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import torch
+from torch.func import grad
+
+from tasks import forging_bounds as fb
+from tasks.forging_estimators import ESTIMATORS, ball_problem, batch_problem, slab_problem
+from tasks.forging_exact import linreg_log_region_measure, linreg_log_volume, log_ball_volume
+from tasks.forging_models import (batch_mixed_hessian, estimate_lipschitz, make_model, make_target,
+                                  mixed_hessian, nullity, relu_unbounded)
+
+__all__ = ["forging_cell", "OUTPUTS"]
+
+OUTPUTS = (
+    "log_volume", "log_volume_stderr", "log_volume_exact", "log_probability", "log_ball_volume",
+    "log_bound", "log_bound_eq16", "log_bound_eq17_paper", "log_bound_eq17_corrected", "log_bound_thm2",
+    "n_gradient_evals", "n_hits", "nullity", "nullity_loose", "m0_sigma_min", "m0_sigma_max",
+    "predicted_exponent", "thm2_exponent", "tube_exponent", "grad_norm", "lipschitz_estimate",
+    "unbounded", "wall_time",
+)
+
+
+def _valid(b: fb.Bound) -> float:
+    return b.log_value if b.valid else math.nan
+
+
+def _slab_bounds(model, x_star, d, R, eps, G) -> dict[str, float]:
+    """Props 2 / 4 (rigorous, slab convention); NaN where hypotheses fail or the model has none."""
+    nan = math.nan
+    if model.name == "linreg":
+        b16, b17p, b17c = fb.prop2_eq16(d, R, eps), fb.prop2_eq17_paper(d, R, eps, G), fb.prop2_eq17_corrected(d, R, eps, G)
+    elif model.name == "relu1":
+        W, v = model.split()
+        s = float(model.phi(model.w, x_star[:-1]) - x_star[-1])
+        active = (W @ x_star[:-1] > 0).double()
+        A_rows = (abs(s) * v.abs() * active * x_star[:-1].norm()).tolist()  # A_i of D000-3
+        v_min = float(v.abs()[v != 0].min())
+        n = model.width
+        b16 = fb.prop4_eq24(d, R, eps, n, v_min, G)
+        b17p = fb.prop4_eq25_paper(d, R, eps, n, v_min, A_rows, grad_norm=G)
+        b17c = fb.prop4_eq25_corrected(d, R, eps, n, v_min, A_rows, grad_norm=G)
+    else:
+        return dict(log_bound=nan, log_bound_eq16=nan, log_bound_eq17_paper=nan, log_bound_eq17_corrected=nan)
+    valid = [b.log_value for b in (b16, b17c) if b.valid]
+    return dict(log_bound=min(valid) if valid else nan, log_bound_eq16=_valid(b16),
+                log_bound_eq17_paper=_valid(b17p), log_bound_eq17_corrected=_valid(b17c))
+
+
+def forging_cell(*, model: str, d: int, eps: float, R: float = 1.0, A: float = 1.0, width: int = 8,
+                 domain: str = "slab", label: str = "sampled", estimator: str = "exact", m: int = 1, B: int = 1,
+                 n_samples: int = 100_000, n_repeats: int = 10, p0: float = 0.1, model_seed: int = 0,
+                 seed: int = 0, lipschitz_pairs: int = 256) -> dict[str, float]:
+    """Estimate log mu(S_eps) for one configuration and evaluate bounds, nullity and exponents."""
+    t0 = time.perf_counter()
+    if domain not in ("slab", "ball"):
+        raise ValueError(f"domain must be 'slab' or 'ball', got {domain!r}")
+    if estimator != "exact" and estimator not in ESTIMATORS:
+        raise ValueError(f"estimator must be 'exact' or one of {sorted(ESTIMATORS)}, got {estimator!r}")
+    if estimator == "exact" and (model != "linreg" or domain != "slab" or m != 1):
+        raise ValueError("estimator 'exact' exists only for model='linreg', domain='slab', m=1 (T000-2x)")
+    if m > 1 and domain != "ball":
+        raise ValueError("m > 1 (batch forging, §5) needs domain='ball'")
+    if not (eps > 0 and R > 0 and A > 0):
+        raise ValueError(f"eps, R and A must be > 0, got eps={eps}, R={R}, A={A}")
+    gen = torch.Generator().manual_seed(int(model_seed))
+    mdl = make_model(model, d, width, gen)
+    x_star = make_target(mdl, A, gen)
+    G = float(grad(mdl.loss, argnums=0)(mdl.w, x_star).norm())
+    D = d + 1
+    out = dict.fromkeys(OUTPUTS, math.nan)
+    out.update(grad_norm=G, unbounded=0.0, n_gradient_evals=0.0, n_hits=math.nan)
+
+    # nullity of M0 at x* (data incl. label, D = d+1; batch: the n × mD block row of Eq 42)
+    M0 = mixed_hessian(mdl.loss, mdl.w, x_star) if m == 1 else \
+        batch_mixed_hessian(mdl.loss, mdl.w, x_star.expand(m, D), B)
+    r, sig = nullity(M0)
+    r_loose, _ = nullity(M0, rtol=1e-6)
+    nz = sig[sig > sig.max() * max(M0.shape) * torch.finfo(torch.float64).eps]
+    Dm = m * D
+    out.update(nullity=float(r), nullity_loose=float(r_loose), m0_sigma_max=float(sig.max()),
+               m0_sigma_min=float(nz.min()) if nz.numel() else math.nan,
+               thm2_exponent=(Dm - r) / 2, tube_exponent=float(Dm - r))
+
+    if domain == "slab":
+        out["log_ball_volume"] = log_ball_volume(d, R)
+        log_ref = linreg_log_region_measure(d, R, G + eps)  # region U sampled by label='sampled'
+        out.update(_slab_bounds(mdl, x_star, d, R, eps, G))
+        out["predicted_exponent"] = float(d) if model in ("linreg", "relu1") else (Dm - r) / 2
+        if model == "linreg":
+            out["log_volume_exact"] = linreg_log_volume(d, eps, G, R)
+        if relu_unbounded(mdl, x_star, eps):  # spec P000-10: infinite, not a number
+            out.update(log_volume=math.inf, unbounded=1.0, wall_time=time.perf_counter() - t0)
+            return out
+        if estimator == "exact":
+            out.update(log_volume=out["log_volume_exact"], log_volume_stderr=0.0,
+                       log_probability=out["log_volume_exact"] - log_ref, wall_time=time.perf_counter() - t0)
+            return out
+        problem = slab_problem(mdl, x_star, R, label, eps_max=eps)
+    else:
+        out["log_ball_volume"] = m * log_ball_volume(D, R)
+        log_ref = out["log_ball_volume"]
+        out["predicted_exponent"] = (Dm - r) / 2
+        L = estimate_lipschitz(mdl.loss, mdl.w, x_star, R, lipschitz_pairs, torch.Generator().manual_seed(model_seed))
+        out["lipschitz_estimate"] = L
+        if L > 0:
+            b = fb.thm2_global(D, L, r, r, log_ball_volume(D, R), eps) if m == 1 else \
+                fb.batch_eq47(D, m, B, L, r, r, log_ball_volume(D, R), eps)
+            out["log_bound_thm2"] = _valid(b)
+        problem = ball_problem(mdl.loss, mdl.w, x_star, R) if m == 1 else \
+            batch_problem(mdl.loss, mdl.w, x_star, m, B, R)
+    est = ESTIMATORS[estimator](problem, eps, generator=torch.Generator().manual_seed(int(seed)),
+                                n_samples=int(n_samples), n_repeats=int(n_repeats), p0=float(p0))
+    out.update(log_volume=est.log_volume, log_volume_stderr=est.log_volume_stderr,
+               n_gradient_evals=float(est.n_gradient_evals), n_hits=float(est.n_hits),
+               log_probability=est.log_volume - log_ref, unbounded=float(est.extra.get("unbounded", False)),
+               wall_time=time.perf_counter() - t0)
+    return {k: float(v) for k, v in out.items()}
+
+
+def cell_cost(cell: dict) -> float:
+    """Rough gradient-evaluation count of a cell (for bundle sizing); 1 for 'exact'."""
+    est = cell.get("estimator", "exact")
+    if est == "exact":
+        return 1.0
+    n = float(cell.get("n_samples", 1e5))
+    if est == "naive_mc":
+        return 2.0 * n
+    levels = max(1.0, cell.get("d", 2) * math.log10(max(cell.get("A", 1.0) / cell.get("eps", 0.1), 10.0)))
+    return float(cell.get("n_repeats", 10)) * n * (1.0 + 0.9 * levels) * np.sqrt(cell.get("m", 1))

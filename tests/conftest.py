@@ -1,0 +1,62 @@
+"""Shared fixtures: quiet offline settings, one real Prefect server per session, markers."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+from flows import runtime
+
+runtime.quiet_env()
+os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="kktlab-prefect-"))
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+KKTLAB = [sys.executable, "-m", "kktlab.cli"]
+
+
+def has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config, items):
+    if has_cuda():
+        return
+    skip = pytest.mark.skip(reason="requires a CUDA GPU; none is visible (torch.cuda.is_available() is False)")
+    for item in items:
+        if "requires_gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def prefect_server():
+    """A real embedded Prefect API server on 127.0.0.1 for the whole session; its URL is
+    exported so subprocesses (kktlab run, Dask workers) report to it."""
+    with runtime.prefect_api() as url:
+        yield url
+
+
+def run_cli(*args, env=None, timeout=600, **kw) -> subprocess.CompletedProcess:
+    """Run ``python -m kktlab.cli ARGS`` in the repo root, capturing output."""
+    full_env = dict(os.environ, **(env or {}))
+    return subprocess.run([*KKTLAB, *map(str, args)], cwd=ROOT, env=full_env, capture_output=True,
+                          text=True, timeout=timeout, **kw)
+
+
+@pytest.fixture
+def write_config(tmp_path):
+    """Write a YAML config dict to a file and return its path."""
+    import yaml
+
+    def _write(cfg: dict, name: str = "cfg.yaml") -> pathlib.Path:
+        p = tmp_path / name
+        p.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        return p
+
+    return _write
