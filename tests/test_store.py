@@ -1,0 +1,114 @@
+"""The store: template, region writes, done mask, refusal to overwrite, identity checks."""
+
+import threading
+
+import numpy as np
+import pytest
+import xarray as xr
+
+from flows import experiments
+from flows.sweep import open_store
+from kktlab import config
+from kktlab.errors import StoreError
+from storage.query import open_results, status
+
+
+def cfg(**params):
+    raw = {"experiment": "nonrobust", "grid": {"d": [10, 20, 30], "seed": [0, 1]}, "params": {"width": 8, **params}}
+    return config.parse(raw)
+
+
+def fake_values(exp, m):
+    out = {}
+    for name, var in exp.variables.items():
+        out[name] = np.arange(m, dtype=var.dtype) if var.dims else np.asarray(7, dtype=var.dtype)
+    return out
+
+
+def test_template_schema(tmp_path):
+    c = cfg()
+    store = open_store(c, tmp_path / "s.zarr", "cpu")
+    ds = open_results(tmp_path / "s.zarr")
+    assert ds.sizes == {"d": 3, "seed": 2, "sample": 30}
+    assert list(ds.d.values) == [10, 20, 30] and list(ds.seed.values) == [0, 1]
+    for name, var in c.exp.variables.items():
+        assert ds[name].attrs["units"] == var.units and ds[name].attrs["description"]
+        assert ds[name].dims == ("d", "seed", *var.dims)
+        assert ds[name].encoding["chunks"][:2] == (1, 1)  # one chunk per cell
+    assert not ds.done.any() and np.isnan(ds.c_star).all()
+    for key in ("config", "versions", "git_commit", "device", "created"):
+        assert key in ds.attrs
+    assert store.done_mask().shape == (3, 2)
+
+
+def test_write_cell_then_refuse_overwrite(tmp_path):
+    c = cfg()
+    store = open_store(c, tmp_path / "s.zarr", "cpu")
+    vals = fake_values(c.exp, 20)
+    assert store.write_cell((1, 0), vals)
+    assert not store.write_cell((1, 0), {k: v * 0 for k, v in vals.items()})  # refused, unchanged
+    ds = open_results(tmp_path / "s.zarr")
+    assert bool(ds.done[1, 0]) and int(ds.done.sum()) == 1
+    assert float(ds.c_star[1, 0]) == 7
+    r = ds.r_sample[1, 0].values
+    np.testing.assert_array_equal(r[:20], np.arange(20)) and np.isnan(r[20:]).all()
+    assert store.write_cell((1, 0), {k: v * 0 for k, v in vals.items()}, force=True)
+    assert float(open_results(tmp_path / "s.zarr").c_star[1, 0]) == 0
+
+
+def test_other_experiment_or_grid_in_same_group_is_refused(tmp_path):
+    open_store(cfg(), tmp_path / "s.zarr", "cpu")
+    with pytest.raises(StoreError, match="params.width"):
+        open_store(cfg(width=9), tmp_path / "s.zarr", "cpu")
+    other = config.parse({"experiment": "nonrobust", "grid": {"d": [10], "seed": [0]}, "params": {"width": 8}})
+    with pytest.raises(StoreError, match="grid.d"):
+        open_store(other, tmp_path / "s.zarr", "cpu")
+
+
+def test_non_store_directory_is_refused(tmp_path):
+    (tmp_path / "notastore").mkdir()
+    (tmp_path / "notastore" / "file.txt").write_text("x")
+    with pytest.raises(StoreError, match="not a Zarr store"):
+        open_store(cfg(), tmp_path / "notastore", "cpu")
+
+
+def test_two_groups_written_concurrently_lose_nothing(tmp_path):
+    """Two experiments (groups) in one store, written from two threads at once."""
+    path = tmp_path / "s.zarr"
+    c1 = cfg()
+    c2 = config.parse({"experiment": "nonrobust", "name": "other", "grid": {"d": [10, 20, 30], "seed": [0, 1]},
+                       "params": {"width": 16}})
+    stores = [open_store(c, path, "cpu") for c in (c1, c2)]
+
+    def fill(store, val):
+        for idx in store.cell_indices():
+            v = fake_values(c1.exp, 10)
+            v["c_star"] = np.asarray(val + idx[0] * 10 + idx[1])
+            store.write_cell(idx, v)
+
+    threads = [threading.Thread(target=fill, args=(s, 100 * (i + 1))) for i, s in enumerate(stores)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    for i, name in enumerate(("nonrobust", "other")):
+        ds = open_results(path, name)
+        assert bool(ds.done.all())
+        expect = 100 * (i + 1) + np.arange(3)[:, None] * 10 + np.arange(2)[None, :]
+        np.testing.assert_array_equal(ds.c_star.values, expect)
+    assert {r["group"]: r["done"] for r in status(path)} == {"nonrobust": 6, "other": 6}
+    assert isinstance(xr.open_zarr(path, group="other", consolidated=False), xr.Dataset)
+
+
+def test_bundles_share_shapes_and_bound_padding():
+    from flows.bundles import make_bundles
+
+    exp = experiments.get("nonrobust")
+    c = config.parse({"experiment": "nonrobust", "grid": {"d": [10, 20, 200], "seed": [0, 1, 2], "loss": ["exp", "logistic"]},
+                      "params": {"width": 8}})
+    items = list(enumerate(c.cells()))
+    bundles = make_bundles(exp, items, bundle_size=4)
+    seen = sorted(i for b in bundles for i, _ in b)
+    assert seen == list(range(len(items)))  # every cell exactly once
+    for b in bundles:
+        assert len(b) <= 4 and len({cell["loss"] for _, cell in b}) == 1
+        costs = [exp.cost(cell) for _, cell in b]
+        assert len(b) * max(costs) <= 2 * sum(costs)
