@@ -1,0 +1,1 @@
+"""Figures from stores: one function per paper figure."""
