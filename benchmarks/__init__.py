@@ -1,0 +1,1 @@
+"""Measured speed: each benchmark prints a ratio measured in one run and writes JSON."""
