@@ -40,13 +40,10 @@ def eps_for_probability(d: int, A: float, R: float, p: float) -> float:
 
 
 def cpu_name() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    info = pathlib.Path("/proc/cpuinfo")
+    lines = info.read_text().splitlines() if info.exists() else []
+    names = [ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")]
+    return names[0] if names else (platform.processor() or platform.machine())
 
 
 def run_one(name, fn, problem, eps, exact, **kw) -> dict:
@@ -58,6 +55,19 @@ def run_one(name, fn, problem, eps, exact, **kw) -> dict:
     return {"estimator": name, "log_volume": est.log_volume, "log_volume_stderr": est.log_volume_stderr,
             "relative_error": rel, "stated_relative_se": est.log_volume_stderr, "n_gradient_evals": est.n_gradient_evals,
             "n_hits": est.n_hits, "wall_s": wall, "n_levels": est.extra.get("n_levels")}
+
+
+def _clean(obj):
+    """Strict JSON: non-finite floats become strings ("nan", "inf", "-inf")."""
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    if isinstance(obj, (float, np.floating)):
+        return float(obj) if math.isfinite(obj) else str(float(obj))
+    if isinstance(obj, np.integer):
+        return int(obj)
+    return obj
 
 
 def main() -> None:
@@ -109,7 +119,7 @@ def main() -> None:
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=2, default=float))
+    args.out.write_text(json.dumps(_clean(out), indent=2, allow_nan=False))
     hdr = f"{'p':>8} {'eps':>10} {'estimator':<36} {'rel.err':>8} {'stated SE':>9} {'grad evals':>10} {'hits':>7} {'s':>6}"
     print(hdr)
     for r in rows:

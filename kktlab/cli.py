@@ -12,7 +12,7 @@ from kktlab.errors import UserError
 DEFAULT_STORE = "results/{name}.zarr"
 
 
-def _store_path(cfg, arg: str | None) -> str:
+def store_path(cfg, arg: str | None) -> str:
     return arg or cfg.store or DEFAULT_STORE.format(name=cfg.name)
 
 
@@ -30,7 +30,7 @@ def cmd_run(args) -> int:
     if runner:
         overrides["runner"] = runner
     cfg = config_mod.load(args.config, overrides)  # fails early, before any server starts
-    store = _store_path(cfg, args.store)
+    store = store_path(cfg, args.store)
     from flows import runtime
 
     runtime.quiet_env()
@@ -51,6 +51,38 @@ def cmd_run(args) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(stats, f, indent=2, default=str)
+    return 0
+
+
+def cmd_submit(args) -> int:
+    """Create a flow run of the experiment's deployment on a Prefect server (served mode)."""
+    from kktlab import config as config_mod
+
+    overrides = {"runner": {"cluster": "address", "address": args.dask_address}} if args.dask_address else {}
+    cfg = config_mod.load(args.config, overrides)  # validated here, before anything is queued
+    api = os.environ.get("PREFECT_API_URL")
+    if not api:
+        raise UserError("PREFECT_API_URL is not set: start a server (make server) and export its URL")
+    from flows import runtime
+
+    runtime.quiet_env()
+    from prefect.deployments import run_deployment
+    from prefect.exceptions import ObjectNotFound
+
+    from flows.served import FLOW_NAME
+
+    name = f"{FLOW_NAME}/{cfg.experiment}"
+    params = {"config_path": os.path.abspath(args.config), "store": os.path.abspath(store_path(cfg, args.store)),
+              "overrides": overrides, "force": args.force}
+    try:
+        run = run_deployment(name, parameters=params, timeout=None if args.watch else 0)
+    except ObjectNotFound:
+        raise UserError(f"no deployment {name!r} on {api}: run 'make deploy' first") from None
+    ui = api.rstrip("/").removesuffix("/api") + f"/runs/flow-run/{run.id}"
+    print(f"flow run {run.name} ({run.id}) of {name}: {run.state.name if run.state else '?'}\n  {ui}")
+    print(f"  store: {params['store']}  (kktlab status {params['store']})")
+    if args.watch and not (run.state and run.state.is_completed()):
+        return 1
     return 0
 
 
@@ -114,6 +146,13 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--force", action="store_true", help="recompute and overwrite done cells")
     r.add_argument("--json", help="write the run's statistics to this JSON file")
     r.set_defaults(fn=cmd_run)
+    s = sub.add_parser("submit", help="queue a config's sweep on a Prefect server (served mode)")
+    s.add_argument("config")
+    s.add_argument("--store")
+    s.add_argument("--dask-address", help="run the sweep on this Dask scheduler")
+    s.add_argument("--force", action="store_true")
+    s.add_argument("--watch", action="store_true", help="wait for the flow run to finish")
+    s.set_defaults(fn=cmd_submit)
     s = sub.add_parser("status", help="cells done / total per experiment")
     s.add_argument("store")
     s.set_defaults(fn=cmd_status)

@@ -43,6 +43,8 @@ def status(path: str | pathlib.Path) -> list[dict]:
     out = []
     for name in groups(path):
         g = zarr.open_group(str(pathlib.Path(path) / name), mode="r", zarr_format=3)
+        if schema.DONE not in g:  # the group is being created right now
+            continue
         done = np.asarray(g[schema.DONE][...], dtype=bool)
         out.append({"group": name, "experiment": g.attrs.get("kktlab_experiment", "?"),
                     "done": int(done.sum()), "total": int(done.size)})

@@ -30,7 +30,7 @@ OUTPUTS = (
     "log_bound", "log_bound_eq16", "log_bound_eq17_paper", "log_bound_eq17_corrected", "log_bound_thm2",
     "n_gradient_evals", "n_hits", "nullity", "nullity_loose", "m0_sigma_min", "m0_sigma_max",
     "predicted_exponent", "thm2_exponent", "tube_exponent", "grad_norm", "lipschitz_estimate",
-    "unbounded", "wall_time",
+    "status", "min_level", "wall_time",
 )
 
 
@@ -82,7 +82,7 @@ def forging_cell(*, model: str, d: int, eps: float, R: float = 1.0, A: float = 1
     G = float(grad(mdl.loss, argnums=0)(mdl.w, x_star).norm())
     D = d + 1
     out = dict.fromkeys(OUTPUTS, math.nan)
-    out.update(grad_norm=G, unbounded=0.0, n_gradient_evals=0.0, n_hits=math.nan)
+    out.update(grad_norm=G, status=0.0, n_gradient_evals=0.0, n_hits=math.nan)
 
     # nullity of M0 at x* (data incl. label, D = d+1; batch: the n × mD block row of Eq 42)
     M0 = mixed_hessian(mdl.loss, mdl.w, x_star) if m == 1 else \
@@ -103,12 +103,12 @@ def forging_cell(*, model: str, d: int, eps: float, R: float = 1.0, A: float = 1
         if model == "linreg":
             out["log_volume_exact"] = linreg_log_volume(d, eps, G, R)
         if relu_unbounded(mdl, x_star, eps):  # spec P000-10: infinite, not a number
-            out.update(log_volume=math.inf, unbounded=1.0, wall_time=time.perf_counter() - t0)
-            return out
+            out.update(log_volume=math.inf, status=1.0)
+            return _finish(out, t0)
         if estimator == "exact":
             out.update(log_volume=out["log_volume_exact"], log_volume_stderr=0.0,
-                       log_probability=out["log_volume_exact"] - log_ref, wall_time=time.perf_counter() - t0)
-            return out
+                       log_probability=out["log_volume_exact"] - log_ref)
+            return _finish(out, t0)
         problem = slab_problem(mdl, x_star, R, label, eps_max=eps)
     else:
         out["log_ball_volume"] = m * log_ball_volume(D, R)
@@ -126,8 +126,14 @@ def forging_cell(*, model: str, d: int, eps: float, R: float = 1.0, A: float = 1
                                 n_samples=int(n_samples), n_repeats=int(n_repeats), p0=float(p0))
     out.update(log_volume=est.log_volume, log_volume_stderr=est.log_volume_stderr,
                n_gradient_evals=float(est.n_gradient_evals), n_hits=float(est.n_hits),
-               log_probability=est.log_volume - log_ref, unbounded=float(est.extra.get("unbounded", False)),
-               wall_time=time.perf_counter() - t0)
+               log_probability=est.log_volume - log_ref,
+               status=1.0 if est.extra.get("unbounded") else 2.0 if est.extra.get("stalled") else 0.0,
+               min_level=est.extra.get("min_level", math.nan))
+    return _finish(out, t0)
+
+
+def _finish(out: dict, t0: float) -> dict[str, float]:
+    out["wall_time"] = time.perf_counter() - t0
     return {k: float(v) for k, v in out.items()}
 
 

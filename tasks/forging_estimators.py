@@ -264,6 +264,9 @@ def _levels_pilot(problem: ForgingProblem, eps: float, N: int, n_seed: int, max_
         b = float(0.5 * (gs[n_seed - 1] + gs[n_seed]))
         if b <= eps:
             return levels, sigmas, evals * problem.evals_per_point
+        # stall: the level stopped decreasing (eps below min g on the domain, or an unreachable set)
+        if len(levels) >= 5 and levels[-5] - b < 1e-4 * b:
+            break
         levels.append(b)
         cur_xi, cur_g = xi[order[:n_seed]], g[order[:n_seed]]
         chain_xi, chain_g, rates = [cur_xi], [cur_g], []
@@ -278,8 +281,13 @@ def _levels_pilot(problem: ForgingProblem, eps: float, N: int, n_seed: int, max_
             sigma = min(max(sigma * math.exp(rates[-1] - target_accept), 1e-4), 1.0)
         sigmas.append(sigma)  # the scale reached at the end of the level: used by the main runs
         xi, g = torch.cat(chain_xi), torch.cat(chain_g)
-    raise ValueError(f"subset simulation: level {eps} not reached in {max_levels} levels "
-                     f"(last level {levels[-1]:.4g}); is the forging set empty or eps too small?")
+    raise _Stalled(levels[-1] if levels else math.nan, evals * problem.evals_per_point)
+
+
+class _Stalled(Exception):
+    def __init__(self, level: float, evals: int):
+        super().__init__(level, evals)
+        self.level, self.evals = level, evals
 
 
 def subset_simulation(problem: ForgingProblem, eps: float, *, generator: torch.Generator, n_samples: int = 2000,
@@ -296,7 +304,9 @@ def subset_simulation(problem: ForgingProblem, eps: float, *, generator: torch.G
     With fixed levels and resampling this is a Feynman-Kac particle estimate, hence unbiased (the
     purely adaptive version has an O(CV²) bias, measured ≈ +15% at 1e-20). Estimate = mean of the
     runs; stated stderr of the log = sd(runs)/(sqrt(R)·mean) (spec §5: CV from >= 10 repetitions).
-    Gradient evaluations include the pilot.
+    Gradient evaluations include the pilot. If the pilot's level stops decreasing above eps (eps below
+    the minimum of g on the domain, e.g. no exact forger inside it), the result is NaN with
+    ``extra["stalled"] = True`` and the lowest level reached.
     """
     _check_eps(problem, eps)
     if not 0 < p0 < 1:
@@ -306,7 +316,11 @@ def subset_simulation(problem: ForgingProblem, eps: float, *, generator: torch.G
         raise ValueError(f"n_samples ({n_samples}) must be a multiple of p0·n_samples ({n_seed}) and > it")
     if int(n_repeats) != n_repeats or n_repeats < 2:
         raise ValueError(f"n_repeats must be an integer >= 2 (stderr from repetitions), got {n_repeats!r}")
-    levels, sigmas, evals = _levels_pilot(problem, eps, n_samples, n_seed, max_levels, target_accept, generator)
+    try:
+        levels, sigmas, evals = _levels_pilot(problem, eps, n_samples, n_seed, max_levels, target_accept, generator)
+    except _Stalled as st:  # report, do not guess: NaN volume, the level where it stopped
+        return VolumeEstimate("subset_simulation", math.nan, math.nan, st.evals, 0, math.nan,
+                              {"stalled": True, "min_level": st.level})
     R, N, k, steps = int(n_repeats), int(n_samples), problem.latent_dim, n_samples // n_seed
     dt = torch.float64
 

@@ -65,22 +65,22 @@ def log_sphere_area(k: int) -> float:
 def _log_theta_integral(d: int, eps: float, A: float) -> float:
     """log ∫_0^π sqrt(eps² - A² sin²θ)_+ sin^{d-2}θ dθ by quadrature (T000-2x)."""
     opts = dict(epsabs=0.0, epsrel=1e-12, limit=500)
-    if eps < A:
+    if eps < A * (1.0 - 1e-12):  # within 1e-12 of eps = A both branches agree to ~1e-11 relative
         # sin θ = (eps/A) u on each cap [0, θ0] and [π-θ0, π]:
         # = 2 eps (eps/A)^{d-1} ∫_0^1 u^{d-2} sqrt(1-u²) / sqrt(1 - q u²) du,  q = (eps/A)².
         q = (eps / A) ** 2
-        f = lambda u: u ** (d - 2) * math.sqrt(1.0 + u) / math.sqrt(1.0 - q * u * u)  # noqa: E731
-        pts = None if q < 0.5 else [max(0.0, 1.0 - 4.0 * (1.0 - q))]
-        if pts is None:
+        if q < 0.5:
+            f = lambda u: u ** (d - 2) * math.sqrt(1.0 + u) / math.sqrt(1.0 - q * u * u)  # noqa: E731
             J, _ = integrate.quad(f, 0.0, 1.0, weight="alg", wvar=(0.0, 0.5), **opts)
-        else:  # near-singular 1/sqrt(1 - q u²) close to u = 1: split there
-            J1, _ = integrate.quad(lambda u: f(u) * math.sqrt(1.0 - u), 0.0, pts[0], **opts)
-            J2, _ = integrate.quad(f, pts[0], 1.0, weight="alg", wvar=(0.0, 0.5), **opts)
-            J = J1 + J2
+        else:  # u = sin φ; 1 - q sin²φ = cos²φ + δ sin²φ (δ = 1 - q exactly): kink of width sqrt(δ) at π/2
+            delta = (A - eps) * (A + eps) / (A * A)
+            f = lambda p: math.sin(p) ** (d - 2) * math.cos(p) ** 2 / math.sqrt(  # noqa: E731
+                math.cos(p) ** 2 + delta * math.sin(p) ** 2)
+            J, _ = integrate.quad(f, 0.0, math.pi / 2, points=[math.pi / 2 - min(1.0, 20 * math.sqrt(delta))], **opts)
         return math.log(2.0 * eps) + (d - 1) * math.log(eps / A) + math.log(J)
     # eps >= A: every direction admits labels; u = sin θ on [0, π/2], doubled by symmetry:
     # = 2 eps ∫_0^1 u^{d-2} sqrt(1 - k u²) / sqrt(1 - u²) du,  k = (A/eps)² <= 1.
-    k = (A / eps) ** 2
+    k = min(1.0, (A / eps) ** 2)
     g = lambda u: u ** (d - 2) * math.sqrt(1.0 - k * u * u) / math.sqrt(1.0 + u)  # noqa: E731
     J, _ = integrate.quad(g, 0.0, 1.0, weight="alg", wvar=(0.0, -0.5), **opts)
     return math.log(2.0 * eps) + math.log(J)

@@ -32,6 +32,9 @@ def test_P000_1_closed_form_equals_quadrature():
         q = linreg_log_volume(d, ratio * A, A, R=1.3)
         c = linreg_log_volume_closed_form(d, ratio * A, A, R=1.3)
         assert abs(math.expm1(q - c)) < 1e-6, (d, ratio, A)
+    for ratio in (1 - 1e-4, 1 - 1e-8, 1 - 1e-11, 1 + 1e-9):  # near eps = A (kink of the integrand)
+        for d in (2, 10):
+            assert abs(linreg_log_volume(d, ratio, 1.0) - linreg_log_volume_closed_form(d, ratio, 1.0)) < 1e-8
 
 
 def test_log_space_tiny_volumes_are_exact():

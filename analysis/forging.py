@@ -1,0 +1,128 @@
+"""Paper 000 figures from a ``forging`` store (F000-3/F000-4 package validation figures) and the
+paper's Fig 1 (F000-1, recomputed via tasks.forging_sgd; it is not a grid experiment).
+
+F000-3: log mu vs log eps, one line per d, points ± 1.96 SE for estimators, solid exact curve where
+stored, dashed bounds ((16), (17)-paper, (17)-corrected), slope fitted at report time over the
+smallest third of eps (at least 2 points) printed in the legend beside the predicted exponent.
+Everything is drawn from the dataset; no numbers are hard-coded.
+"""
+
+from __future__ import annotations
+
+import itertools
+import pathlib
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import xarray as xr  # noqa: E402
+
+from tasks.forging_estimators import fit_log_slope  # noqa: E402
+from tasks.forging_sgd import figure1_trajectories  # noqa: E402
+
+_PANEL_DIMS = ("model", "estimator", "A", "domain", "label", "width", "m")
+
+
+def _reduce(da: xr.DataArray, keep: tuple[str, ...]) -> xr.DataArray:
+    """Mean over 'seed', first index of any other dim not in ``keep``."""
+    if "seed" in da.dims and "seed" not in keep:
+        da = da.mean("seed", skipna=True)
+    extra = {dim: 0 for dim in da.dims if dim not in keep}
+    return da.isel(extra) if extra else da
+
+
+def _small_eps_slope(eps: np.ndarray, logv: np.ndarray) -> float:
+    ok = np.isfinite(logv)
+    if ok.sum() < 2:
+        return float("nan")
+    e, v = eps[ok], logv[ok]
+    k = max(2, len(e) // 3)
+    order = np.argsort(e)[:k]
+    return fit_log_slope(e[order], v[order])[0]
+
+
+def _volume_panel(ds: xr.Dataset, sel: dict, out: pathlib.Path, note: str) -> pathlib.Path:
+    sub = ds.where(ds.done).sel(sel) if sel else ds.where(ds.done)
+    keep = ("eps", "d")
+    eps = np.asarray(ds["eps"].values, dtype=float)
+    fig, ax = plt.subplots(figsize=(7.0, 5.0))
+    ds_d = ds["d"].values if "d" in ds.dims else [None]
+    colors = plt.cm.viridis(np.linspace(0, 0.9, len(ds_d)))
+    for color, d in zip(colors, ds_d):
+        one = sub.sel(d=d) if d is not None else sub
+        lv = _reduce(one["log_volume"], keep).values
+        se = _reduce(one["log_volume_stderr"], keep).values
+        slope = _small_eps_slope(eps, lv)
+        pred = np.nanmean(_reduce(one["predicted_exponent"], keep).values)
+        tag = f"d={d}: slope {slope:.2f} (pred. {pred:.2g})"
+        exact = _reduce(one["log_volume_exact"], keep).values
+        if np.isfinite(exact).any():
+            ax.plot(np.log10(eps), exact / np.log(10), "-", color=color, lw=1.2)
+        if np.nanmax(np.nan_to_num(se, nan=0.0)) > 0 or not np.isfinite(exact).any():
+            ok = np.isfinite(lv)
+            ax.errorbar(np.log10(eps[ok]), lv[ok] / np.log(10), yerr=1.96 * np.nan_to_num(se[ok]) / np.log(10),
+                        fmt="o", ms=3, capsize=2, color=color, label=tag)
+        else:
+            ax.plot([], [], "-", color=color, label=tag + " [exact]")
+        for var, style in (("log_bound_eq16", "--"), ("log_bound_eq17_paper", ":"), ("log_bound_eq17_corrected", "-.")):
+            b = _reduce(one[var], keep).values
+            if np.isfinite(b).any():
+                ax.plot(np.log10(eps), b / np.log(10), style, color=color, lw=0.8, alpha=0.8)
+    for style, lab in (("--", "Prop 2/4 (16)/(24)"), (":", "(17)/(25) paper (erratum)"),
+                       ("-.", "(17)/(25) corrected")):
+        ax.plot([], [], style, color="gray", label=lab)
+    ax.set_xlabel(r"$\log_{10}\varepsilon$")
+    ax.set_ylabel(r"$\log_{10}\mu(S_\varepsilon)$")
+    title = "Forging-set volume (package validation, F000-3/4)"
+    ax.set_title(title + ("\n" + note if note else ""), fontsize=9)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+def figures(ds: xr.Dataset, out_dir: pathlib.Path, prefix: str = "") -> list[pathlib.Path]:
+    """One F000-3/4 panel per combination of the model/estimator/A/domain/label/width/m dims present."""
+    out_dir = pathlib.Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if "eps" not in ds.dims or "log_volume" not in ds:
+        return []
+    n, tot = int(ds.done.sum()), int(ds.done.size)
+    panel_dims = [dim for dim in _PANEL_DIMS if dim in ds.dims]
+    paths = []
+    for combo in itertools.product(*(ds[p].values for p in panel_dims)):
+        sel = dict(zip(panel_dims, combo))
+        note = ", ".join(f"{k}={v}" for k, v in sel.items())
+        if n < tot:
+            note += f" ({n}/{tot} cells done)"
+        name = "_".join(f"{k}-{v}" for k, v in sel.items()) or "all"
+        paths.append(_volume_panel(ds, sel, out_dir / f"{prefix}forging_volume_{name}.png", note))
+    return paths
+
+
+def figure1_trajectory(out_dir: pathlib.Path, **kwargs) -> pathlib.Path:
+    """F000-1 (paper Fig 1): SGD on the two-basin loss, original (red) vs forged first point (green)."""
+    out_dir = pathlib.Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    r = figure1_trajectories(**kwargs)
+    k = np.arange(len(r["w_original"]))
+    c = kwargs.get("c", 2.0)
+    fig, ax = plt.subplots(figsize=(6.0, 4.0))
+    ax.plot(k, r["w_original"], "o-", color="red", ms=3, label=f"original ($x_0$={kwargs.get('x0', -0.5)})")
+    ax.plot(k, r["w_forged"], "o-", color="green", ms=3, label=rf"forged ($\tilde x_0$={kwargs.get('x0_forged', 0.2)})")
+    for s in (c, -c):
+        ax.axhline(s, color="gray", ls="--", lw=0.8)
+    ax.set_xlabel("SGD step k")
+    ax.set_ylabel(r"$w_k$")
+    ax.set_title("Paper 000 Fig 1 (F000-1): forging at step 0 sends SGD to the other basin", fontsize=9)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path = out_dir / "paper000_fig1_trajectory.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,60 @@
+"""Create the process work pool and one deployment per experiment on a Prefect server.
+
+    PREFECT_API_URL=http://127.0.0.1:4200/api python -m deploy.prefect_deploy --pool kktlab-pool
+
+Each deployment runs ``flows/served.py:submit`` from this checkout (``from_source`` on the
+local folder, so workers must see the same filesystem); its parameters are the config path,
+the store and top-level overrides. ``kktlab submit CONFIG`` creates a flow run of the
+deployment named after the config's experiment. deploy/prefect.yaml holds the same for
+``prefect deploy --all``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+ENTRYPOINT = "flows/served.py:submit"
+
+
+async def ensure_pool(name: str) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.exceptions import ObjectAlreadyExists
+
+    async with get_client() as client:
+        try:
+            await client.create_work_pool(WorkPoolCreate(name=name, type="process"))
+        except ObjectAlreadyExists:
+            pass
+
+
+def deploy_all(pool: str) -> list[str]:
+    from prefect import flow as prefect_flow
+
+    from flows import experiments
+
+    asyncio.run(ensure_pool(pool))
+    ids = []
+    for name in experiments.names():
+        remote = prefect_flow.from_source(source=str(ROOT), entrypoint=ENTRYPOINT)
+        dep_id = remote.deploy(name=name, work_pool_name=pool, parameters={"config_path": "", "store": None},
+                               description=experiments.get(name).description, print_next_steps=False,
+                               ignore_warnings=True)
+        ids.append(str(dep_id))
+    return ids
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pool", default="kktlab-pool")
+    args = ap.parse_args(argv)
+    ids = deploy_all(args.pool)
+    print(f"deployed {len(ids)} deployments to work pool {args.pool}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,29 @@
+"""The flow a Prefect deployment runs: a config path (+ overrides) -> a sweep.
+
+One deployment per experiment (``kktlab-submit/<experiment>``) on a process work pool; a
+worker runs it in a child process that reads the config from the shared filesystem and runs
+the sweep flow (a subflow) on the config's Dask runner. See deploy/prefect_deploy.py.
+"""
+
+from __future__ import annotations
+
+from prefect import flow
+
+FLOW_NAME = "kktlab-submit"
+
+
+@flow(name=FLOW_NAME, log_prints=True, validate_parameters=False)
+def submit(config_path: str, store: str | None = None, overrides: dict | None = None, force: bool = False) -> dict:
+    """Run the sweep of ``config_path`` (with top-level ``overrides``) into ``store``."""
+    from flows import runtime
+    from flows.sweep import run
+    from kktlab import config as config_mod
+    from kktlab.cli import store_path
+
+    runtime.quiet_env()
+    cfg = config_mod.load(config_path, overrides or {})
+    path = store_path(cfg, store)
+    stats = run(cfg, path, force=force)
+    print(f"kktlab: {stats['written']} cells written to {path} group {cfg.name} "
+          f"({stats['done_before']} were done before, {stats['total']} in all)")
+    return stats

@@ -1,0 +1,98 @@
+"""Paper 000: the ``forging`` experiment definition and its figures (F000-1, F000-3).
+
+Uses the registry of flows/experiments directly (no Prefect/Dask); synthetic stores are built
+from ``run_bundle`` outputs with xarray.
+"""
+
+import numpy as np
+import pytest
+import xarray as xr
+
+from flows.experiments import EXPERIMENTS
+from kktlab.errors import ConfigError
+
+import flows.experiments.forging  # noqa: F401  (registers 'forging')
+
+
+def _cell(**over):
+    exp = EXPERIMENTS["forging"]
+    cell = {k: p.default for k, p in exp.params.items()}
+    cell.update(over)
+    return cell
+
+
+def test_experiment_registered_with_documented_params_and_vars():
+    exp = EXPERIMENTS["forging"]
+    assert "F000-3" in exp.spec_ids
+    for name in ("model", "d", "eps", "R", "seed", "estimator", "A", "n_samples", "width"):
+        assert exp.params[name].doc
+    assert set(exp.params["estimator"].choices) >= {"exact", "naive_mc", "subset_simulation"}
+    for name in ("log_volume", "log_volume_stderr", "log_bound", "log_ball_volume", "log_probability",
+                 "n_gradient_evals", "nullity", "predicted_exponent"):
+        assert exp.variables[name].units and exp.variables[name].description
+
+
+@pytest.mark.parametrize("over,field", [
+    (dict(model="relu1", estimator="exact"), "estimator"),
+    (dict(domain="ball", estimator="exact"), "estimator"),
+    (dict(d=1), "d"),
+    (dict(m=2, domain="slab", estimator="naive_mc"), "domain"),
+    (dict(m=3, B=2, domain="ball", estimator="naive_mc"), "B"),
+    (dict(estimator="subset_simulation", n_samples=1234), "n_samples"),
+    (dict(estimator="subset_simulation", n_repeats=5), "n_repeats"),
+])
+def test_check_rejects_impossible_combinations(over, field):
+    with pytest.raises(ConfigError) as err:
+        EXPERIMENTS["forging"].check(_cell(**over))
+    assert err.value.field == field
+
+
+def test_run_bundle_returns_every_variable():
+    """F000-3 cells: exact, naive MC and subset simulation agree (P000-2/P000-13 at CI size)."""
+    exp = EXPERIMENTS["forging"]
+    cells = [_cell(d=3, eps=0.3, estimator=e, label="integrated", n_samples=n)
+             for e, n in (("exact", 10), ("naive_mc", 100_000), ("subset_simulation", 1000))]
+    for c in cells:
+        exp.check(c)
+    out = exp.run_bundle(cells, "cpu")
+    assert len(out) == 3 and all(set(o) == set(exp.variables) for o in out)
+    exact = out[0]["log_volume"]
+    assert exact == out[0]["log_volume_exact"] and out[0]["n_gradient_evals"] == 0
+    for o in out[1:]:
+        assert abs(o["log_volume"] - exact) < 3 * o["log_volume_stderr"] and o["n_gradient_evals"] > 0
+        assert o["log_volume"] <= o["log_bound"]
+    assert out[0]["nullity"] == 1 and out[0]["predicted_exponent"] == 3
+
+
+def _synthetic_store():
+    exp = EXPERIMENTS["forging"]
+    d_vals, eps_vals = [2, 3], [1e-3, 1e-2, 1e-1, 1.0]
+    cells = [_cell(d=d, eps=e) for d in d_vals for e in eps_vals]
+    res = exp.run_bundle(cells, "cpu")
+    data = {v: (("d", "eps"), np.array([r[v] for r in res]).reshape(len(d_vals), len(eps_vals)))
+            for v in exp.variables}
+    ds = xr.Dataset(data, coords={"d": d_vals, "eps": eps_vals})
+    ds["done"] = (("d", "eps"), np.ones((2, 4), dtype=bool))
+    return ds
+
+
+def test_F000_3_figures_from_store(tmp_path):
+    """F000-3: figures() draws log mu vs log eps per d from a store (with a partially done grid too)."""
+    from analysis.forging import _small_eps_slope, figures
+
+    ds = _synthetic_store()
+    paths = figures(ds, tmp_path)
+    assert paths and all(p.exists() and p.stat().st_size > 5000 for p in paths)
+    slope = _small_eps_slope(ds.eps.values, ds.log_volume.sel(d=3).values)
+    assert slope == pytest.approx(3.0, abs=0.05)  # the fitted slope printed in the legend
+    ds2 = ds.copy()
+    ds2["done"] = ds2.done.where(ds2.eps < 0.5, False)
+    assert figures(ds2, tmp_path / "partial")
+
+
+def test_F000_1_figure(tmp_path):
+    """F000-1: figure1_trajectory draws Fig 1 from tasks.forging_sgd (PNG written)."""
+    from analysis.forging import figure1_trajectory
+
+    path = figure1_trajectory(tmp_path)
+    assert path.exists() and path.suffix == ".png" and path.stat().st_size > 5000

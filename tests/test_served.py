@@ -1,0 +1,124 @@
+"""Served mode and faults with real processes on 127.0.0.1 (issue: served mode and faults).
+
+- a real ``prefect server start``, a process work pool + worker, the deployments, and a flow
+  run created by ``kktlab submit`` that completes and writes the store;
+- a real ``dask scheduler`` + two ``dask worker`` processes; one worker is SIGKILLed mid-sweep
+  and the sweep still writes every cell exactly once, equal to the kernels run directly;
+- two sweeps writing different experiment groups into one store at the same time.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import numpy as np
+import pytest
+
+from flows import experiments
+from kktlab import config
+from storage.query import open_results, status
+from tests import services
+from tests.conftest import KKTLAB, ROOT, run_cli
+
+pytestmark = pytest.mark.requires_services
+
+TINY = {"experiment": "nonrobust", "grid": {"d": [16], "seed": [0, 1]},
+        "params": {"width": 16, "lr0": 0.01, "lr_period": 10, "target_loss": 1.0e-10},
+        "runner": {"workers": 1, "bundle_size": 1}}
+
+
+def test_prefect_server_pool_worker_deployment_submit(tmp_path, write_config):
+    port = services.free_port()
+    server, env = services.prefect_server(tmp_path, port)
+    worker = None
+    try:
+        dep = subprocess.run([*KKTLAB[:1], "-m", "deploy.prefect_deploy", "--pool", "kktlab-test"], cwd=ROOT,
+                             env=dict(os.environ, **env), capture_output=True, text=True, timeout=120)
+        assert dep.returncode == 0, dep.stderr[-2000:]
+        worker = services.start([f"{services.BIN}/prefect", "worker", "start", "--pool", "kktlab-test",
+                                 "--type", "process"], tmp_path / "pworker.log", env)
+        path = write_config(dict(TINY, name="served"))
+        store = tmp_path / "served.zarr"
+        res = run_cli("submit", path, "--store", store, "--watch", env=env, timeout=400)
+        assert res.returncode == 0, res.stdout + res.stderr[-3000:]
+        assert "Completed" in res.stdout and f"127.0.0.1:{port}/runs/flow-run/" in res.stdout
+        ds = open_results(store)
+        assert bool(ds.done.all()) and (ds.status == 1).all()
+        # the run is on the server, with its progress artifact
+        from prefect.client.orchestration import get_client
+        from prefect.settings import PREFECT_API_URL, temporary_settings
+
+        with temporary_settings(updates={PREFECT_API_URL: env["PREFECT_API_URL"]}):
+            import asyncio
+
+            async def runs():
+                async with get_client() as client:
+                    return await client.read_flow_runs(), await client.read_artifacts()
+
+            flow_runs, artifacts = asyncio.run(runs())
+        assert {fr.state.name for fr in flow_runs} == {"Completed"} and len(flow_runs) == 2  # submit + sweep
+        assert any(a.type == "progress" and float(a.data) == 100.0 for a in artifacts)
+    finally:
+        if worker is not None:
+            services.stop(worker)
+        services.stop(server)
+
+
+def test_sweep_survives_sigkill_of_a_dask_worker(tmp_path, write_config, prefect_server):
+    port = services.free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    sched = services.dask_scheduler(tmp_path, port)
+    workers = []
+    try:
+        time.sleep(1)
+        workers = [services.dask_worker(tmp_path, address, f"w{i}") for i in range(2)]
+        services.wait_workers(address, 2)
+        raw = dict(TINY, name="dk", grid={"d": [20], "seed": list(range(6))})
+        raw["params"] = dict(TINY["params"], width=48, target_loss=1.0e-25)
+        path = write_config(raw)
+        store = tmp_path / "dk.zarr"
+        env = dict(os.environ, PREFECT_RESULTS_LOCAL_STORAGE_PATH=str(tmp_path / "res"))
+        runner = subprocess.Popen([*KKTLAB, "run", str(path), "--store", str(store), "--dask-address", address,
+                                   "--json", str(tmp_path / "stats.json")], cwd=ROOT, env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and runner.poll() is None:
+            done = sum(r["done"] for r in status(store)) if (store / "zarr.json").exists() else 0
+            if done >= 1:
+                break
+            time.sleep(0.2)
+        os.killpg(workers[0].pid, signal.SIGKILL)  # the nanny and its worker, no goodbye
+        out, _ = runner.communicate(timeout=400)
+        assert runner.returncode == 0, out[-3000:]
+        stats = json.loads((tmp_path / "stats.json").read_text())
+        assert stats["written"] == 6 and stats["refused_done"] == 0
+        ds = open_results(store)
+        assert bool(ds.done.all())
+        cfg = config.load(path)
+        exp = experiments.get("nonrobust")
+        for cell in cfg.cells():  # the same cells run directly, in this process
+            ref = exp.run_bundle([cell], "cpu")[0]
+            got = ds.sel(d=cell["d"], seed=cell["seed"])
+            for name in ("c_star", "iters", "gamma", "kkt_eps", "margin_frac"):
+                np.testing.assert_allclose(float(got[name]), float(ref[name]), rtol=1e-9, err_msg=name)
+    finally:
+        for w in workers:
+            services.stop(w, grace=1)
+        services.stop(sched, grace=1)
+
+
+def test_two_sweeps_into_one_store_concurrently(tmp_path, write_config, prefect_server):
+    store = tmp_path / "shared.zarr"
+    a = write_config(dict(TINY, name="groupa", grid={"d": [12, 16], "seed": [0, 1, 2]}), "a.yaml")
+    b = write_config(dict(TINY, name="groupb", grid={"d": [14], "seed": [0, 1, 2, 3]}), "b.yaml")
+    procs = [subprocess.Popen([*KKTLAB, "run", str(p), "--store", str(store)], cwd=ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for p in (a, b)]
+    outs = [p.communicate(timeout=400)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [o[-2000:] for o in outs]
+    got = {r["group"]: (r["done"], r["total"]) for r in status(store)}
+    assert got == {"groupa": (6, 6), "groupb": (4, 4)}
+    for g in ("groupa", "groupb"):
+        ds = open_results(store, g)
+        assert np.isfinite(ds.c_star.values).all() and (ds.status == 1).all()
