@@ -17,6 +17,7 @@ def store_path(cfg, arg: str | None) -> str:
 
 
 def cmd_run(args) -> int:
+    """Run one or more configs (in order) on one Prefect server; each resumes where it stopped."""
     from kktlab import config as config_mod
 
     overrides: dict = {}
@@ -29,28 +30,33 @@ def cmd_run(args) -> int:
         runner["device"] = args.device
     if runner:
         overrides["runner"] = runner
-    cfg = config_mod.load(args.config, overrides)  # fails early, before any server starts
-    store = store_path(cfg, args.store)
+    if args.store and len(args.config) > 1:
+        raise UserError("--store with several configs: give each config its own 'store' instead")
+    # every config is validated and its store checked before any server or cluster starts
+    cfgs = [config_mod.load(path, overrides) for path in args.config]
     from flows import runtime
 
     runtime.quiet_env()
-    # the store is opened (and checked) before the server or cluster starts
     from flows.sweep import open_store, run
-
-    open_store(cfg, store, cfg.runner["device"])
-    print(f"[kktlab] {cfg.experiment} '{cfg.name}': {len(cfg.cells())} cells -> {store}", file=sys.stderr)
-    with runtime.prefect_api():
-        stats = run(cfg, store, force=args.force)
     from storage.query import open_results, summary
 
-    ds = open_results(store, cfg.name)
-    print(summary(ds, variables=cfg.exp.summary))
-    print(f"\nstore: {os.path.abspath(store)}  group: {cfg.name}")
-    print("cells: {total} total, {done_before} done before, {written} written now, {refused_done} refused "
-          "(already done), {bundles} bundles, {wall_s:.1f} s".format(**stats))
+    stores = [store_path(cfg, args.store) for cfg in cfgs]
+    for cfg, store in zip(cfgs, stores):
+        open_store(cfg, store, cfg.runner["device"])
+    all_stats = []
+    with runtime.prefect_api():
+        for cfg, store in zip(cfgs, stores):
+            print(f"[kktlab] {cfg.experiment} '{cfg.name}': {len(cfg.cells())} cells -> {store}", file=sys.stderr)
+            stats = run(cfg, store, force=args.force)
+            all_stats.append(stats)
+            print(f"\n== {cfg.experiment} / {cfg.name}")
+            print(summary(open_results(store, cfg.name), variables=cfg.exp.summary))
+            print(f"store: {os.path.abspath(store)}  group: {cfg.name}")
+            print("cells: {total} total, {done_before} done before, {written} written now, {refused_done} refused "
+                  "(already done), {bundles} bundles, {wall_s:.1f} s".format(**stats))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(stats, f, indent=2, default=str)
+            json.dump(all_stats[0] if len(all_stats) == 1 else all_stats, f, indent=2, default=str)
     return 0
 
 
@@ -138,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="kktlab", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="run a config's sweep (resumes; never overwrites done cells)")
-    r.add_argument("config")
+    r.add_argument("config", nargs="+", help="one or more YAML configs, run in order")
     r.add_argument("--store", help="results store path (default: the config's store)")
     r.add_argument("--dask-address", help="use an existing Dask scheduler tcp://host:port")
     r.add_argument("--workers", type=int, help="local Dask worker processes")

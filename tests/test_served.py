@@ -109,16 +109,20 @@ def test_sweep_survives_sigkill_of_a_dask_worker(tmp_path, write_config, prefect
         services.stop(sched, grace=1)
 
 
-def test_two_sweeps_into_one_store_concurrently(tmp_path, write_config, prefect_server):
+def test_two_experiments_into_one_store_concurrently(tmp_path, write_config, prefect_server):
+    """A nonrobust sweep and a forging sweep write one store at the same time: nothing lost."""
     store = tmp_path / "shared.zarr"
     a = write_config(dict(TINY, name="groupa", grid={"d": [12, 16], "seed": [0, 1, 2]}), "a.yaml")
-    b = write_config(dict(TINY, name="groupb", grid={"d": [14], "seed": [0, 1, 2, 3]}), "b.yaml")
+    b = write_config({"experiment": "forging", "name": "groupb",
+                      "grid": {"d": [2, 3], "eps": [0.1, 0.3], "estimator": ["exact", "naive_mc"]},
+                      "params": {"model": "linreg", "n_samples": 500}, "runner": {"workers": 1}}, "b.yaml")
     procs = [subprocess.Popen([*KKTLAB, "run", str(p), "--store", str(store)], cwd=ROOT, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True) for p in (a, b)]
     outs = [p.communicate(timeout=400)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [o[-2000:] for o in outs]
-    got = {r["group"]: (r["done"], r["total"]) for r in status(store)}
-    assert got == {"groupa": (6, 6), "groupb": (4, 4)}
-    for g in ("groupa", "groupb"):
-        ds = open_results(store, g)
-        assert np.isfinite(ds.c_star.values).all() and (ds.status == 1).all()
+    got = {r["group"]: (r["experiment"], r["done"], r["total"]) for r in status(store)}
+    assert got == {"groupa": ("nonrobust", 6, 6), "groupb": ("forging", 8, 8)}
+    ds = open_results(store, "groupa")
+    assert np.isfinite(ds.c_star.values).all() and (ds.status == 1).all()
+    fg = open_results(store, "groupb")
+    assert np.isfinite(fg.log_volume.sel(estimator="exact").values).all()
