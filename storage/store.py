@@ -20,6 +20,7 @@ import warnings
 import numpy as np
 import xarray as xr
 import zarr
+from filelock import FileLock
 
 from flows.experiments import Experiment
 from kktlab.errors import StoreError
@@ -73,6 +74,12 @@ class Store:
         if self.path.is_dir() and any(self.path.iterdir()) and not (self.path / "zarr.json").exists():
             raise StoreError(f"store path {self.path} is a non-empty directory that is not a Zarr store")
         ident = self.identity(exp, grid, params)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # creating the root and a group is the one step two sweeps may race on: serialise it
+        with FileLock(str(self.path) + ".lock"):
+            return self._create_locked(exp, grid, ident, config_text, extra_sizes, device)
+
+    def _create_locked(self, exp, grid, ident, config_text, extra_sizes, device) -> "Store":
         gpath = self.path / self.group_name
         if (gpath / "zarr.json").exists():
             self.check_identity(ident)
