@@ -2,30 +2,51 @@
 
 from __future__ import annotations
 
+import os
 from collections import defaultdict
 
 from flows.experiments import Experiment
 
 
 def make_bundles(exp: Experiment, cells: list[tuple[tuple, dict]], bundle_size: int,
-                 max_waste: float = 2.0) -> list[list[tuple[tuple, dict]]]:
+                 max_waste: float = 2.0, memory_budget: float = float("inf")) -> list[list[tuple[tuple, dict]]]:
     """Group ``(index, cell)`` pairs by ``exp.bundle_key``; within a group sort by cost and cut
     bundles of at most ``bundle_size`` cells whose padded cost (cells x largest cost) stays
-    within ``max_waste`` of their real cost. Deterministic for a given input order."""
+    within ``max_waste`` of their real cost and whose padded memory (cells x largest
+    ``exp.memory``) stays within ``memory_budget`` bytes. Deterministic for a given input order."""
     groups: dict[tuple, list] = defaultdict(list)
     for item in cells:
         groups[exp.bundle_key(item[1])].append(item)
     bundles = []
     for key in sorted(groups, key=repr):
         items = sorted(groups[key], key=lambda it: (exp.cost(it[1]), it[0]))
-        current, total = [], 0.0
+        current, total, peak = [], 0.0, 0.0
         for item in items:
-            c = exp.cost(item[1])
-            if current and (len(current) >= bundle_size or (len(current) + 1) * c > max_waste * (total + c)):
+            c, mem = exp.cost(item[1]), exp.memory(item[1])
+            n = len(current) + 1
+            if current and (n > bundle_size or n * c > max_waste * (total + c) or n * max(peak, mem) > memory_budget):
                 bundles.append(current)
-                current, total = [], 0.0
+                current, total, peak = [], 0.0, 0.0
             current.append(item)
             total += c
+            peak = max(peak, mem)
         if current:
             bundles.append(current)
     return bundles
+
+
+def memory_budget(device: str, workers: int, fraction: float = 0.5) -> float:
+    """Bytes one bundle may use: ``fraction`` of the free GPU memory (one worker per GPU), or of
+    the available RAM shared by ``workers`` worker processes. Measured where the flow runs,
+    which for local and cuda clusters is where the workers run."""
+    import torch
+
+    if device in ("cuda", "auto") and torch.cuda.is_available():
+        free, _ = torch.cuda.mem_get_info()
+        return fraction * free
+    try:
+        with open("/proc/meminfo") as f:
+            avail = next(int(ln.split()[1]) * 1024 for ln in f if ln.startswith("MemAvailable"))
+    except (OSError, StopIteration):
+        avail = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    return fraction * avail / max(workers, 1)

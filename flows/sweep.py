@@ -19,7 +19,7 @@ from prefect.futures import as_completed
 
 from deploy import dask as dask_specs
 from flows import experiments
-from flows.bundles import make_bundles
+from flows.bundles import make_bundles, memory_budget
 from flows.progress import Progress
 from kktlab import config as config_mod
 from kktlab.errors import UserError
@@ -100,7 +100,8 @@ def execute(cfg: config_mod.Config, store_path: str, force: bool) -> dict:
     if not todo:
         stats["wall_s"] = time.perf_counter() - t0
         return stats
-    bundles = make_bundles(cfg.exp, todo, cfg.runner["bundle_size"])
+    budget = memory_budget(device, cfg.runner["workers"])
+    bundles = make_bundles(cfg.exp, todo, cfg.runner["bundle_size"], memory_budget=budget)
     stats["bundles"] = len(bundles)
     progress = Progress(total, total - len(todo), cfg.name)
     task_fn = run_bundle.with_options(retries=cfg.runner["retries"], refresh_cache=force)
@@ -114,7 +115,12 @@ def execute(cfg: config_mod.Config, store_path: str, force: bool) -> dict:
             futures[fut] = b
     for fut in as_completed(list(futures)):
         bundle = futures[fut]
-        results = fut.result()
+        try:
+            results = fut.result()
+        except (ValueError, TypeError, KeyError, UserError) as err:  # bad input: not retried
+            cells = ", ".join(json.dumps(cell, default=str) for _, cell in bundle[:2])
+            raise UserError(f"a bundle of {len(bundle)} cells failed on bad input ({type(err).__name__}: {err}); "
+                            f"first cells: {cells}") from err
         stats["computed"] += len(bundle)
         for (idx, _), values in zip(bundle, results):
             if store.write_cell(idx, values, force=force):

@@ -95,36 +95,40 @@ def init_state(net: TwoLayer, schedule: Schedule) -> TrainState:
     )
 
 
-def _step(st: TrainState, X, y, mask, sched: Schedule, check_stop: bool) -> None:
-    """One GD step on batch (X, y, mask) for every running net, in place."""
+def _status(st: TrainState, cond: torch.Tensor, code: int) -> None:
+    st.status = torch.where(st.running & cond, torch.tensor(code, dtype=torch.int8, device=cond.device), st.status)
+
+
+def _step(st: TrainState, X, y, mask, sched: Schedule, check_stop: bool, check_dead: bool) -> None:
+    """One GD step on batch (X, y, mask) for every running net, in place.
+
+    Cost per step: two bmm for the forward/backward of W, two thin bmm for v, and four
+    elementwise passes over the (E, n, k) activations (relu, sign, outer product g v, product).
+    """
     net = st.net
     H = net.pre(X)  # (E,n,k)
-    act = H > 0
     A = torch.relu(H)
     q = y * torch.bmm(A, net.v.unsqueeze(-1)).squeeze(-1)
     log_l, log_dl = log_loss_terms(q, sched.loss)
     log_l = log_l.masked_fill(~mask, -math.inf)
     lse = torch.logsumexp(log_l.to(torch.float64), 1)  # log Σ ℓ
-    n = mask.sum(1).to(torch.float64)
-    log_L = lse - torch.log(n)  # mean reduction (spec A2)
+    log_L = lse - torch.log(mask.sum(1).to(torch.float64))  # mean reduction (spec A2)
     if check_stop:  # full batch: the batch loss is the data loss, checked every step (spec A3)
         st.log_loss = torch.where(st.running, log_L, st.log_loss)
-        st.status = torch.where(st.running & (log_L < math.log(sched.target_loss)),
-                                torch.tensor(CONVERGED, dtype=torch.int8, device=X.device), st.status)
-        st.status = torch.where(st.running & ~torch.isfinite(log_L),
-                                torch.tensor(DIVERGED, dtype=torch.int8, device=X.device), st.status)
-        dead = ~(act & mask.unsqueeze(-1)).any(2).any(1)
-        st.status = torch.where(st.running & dead, torch.tensor(DEAD, dtype=torch.int8, device=X.device), st.status)
+        _status(st, log_L < math.log(sched.target_loss), CONVERGED)
+        _status(st, ~torch.isfinite(log_L), DIVERGED)
+    if check_dead:  # no neuron active on any sample: GD can never move again (spec A22)
+        _status(st, (A * mask.unsqueeze(-1)).flatten(1).amax(1) <= 0, DEAD)
     run = st.running
     # log of lr·L·π_i, formed in float64; weights below the dtype's smallest normal are 0
     # (subnormals would add nothing measurable and slow the CPU down ~100x)
     log_w = log_dl.to(torch.float64) - lse.unsqueeze(1) + (st.log_lr + log_L).unsqueeze(1)
     keep = mask & run.unsqueeze(1) & (log_w > math.log(torch.finfo(X.dtype).tiny))
-    w = torch.where(keep, torch.exp(log_w), torch.zeros_like(log_w))
-    g = (y * w).to(X.dtype)  # (E,n): ascent weights on y·N
+    g = (y * torch.where(keep, torch.exp(log_w), torch.zeros_like(log_w))).to(X.dtype)  # ascent weights
     dv = torch.bmm(A.transpose(1, 2), g.unsqueeze(-1)).squeeze(-1)
-    G = g.unsqueeze(-1) * act * net.v.unsqueeze(1)
-    net.W += torch.bmm(G.transpose(1, 2), X)
+    # g_i v_j 1[h_ij > 0]; sign(relu(h)) is the indicator, and far cheaper than a bool mask on CPU
+    G = g.unsqueeze(-1) * net.v.unsqueeze(1) * torch.sign(A)
+    net.W.baddbmm_(G.transpose(1, 2), X)
     net.b += G.sum(1)
     net.v += dv
     # schedule: per-net plateau counter; the period shortens once the net separates the data
@@ -161,8 +165,9 @@ def train(net: TwoLayer, X: torch.Tensor, y: torch.Tensor, schedule: Schedule, *
     steps, batches = 0, []
     max_steps = max_steps if max_steps is not None else schedule.max_iters
     while steps < max_steps:
+        check_dead = steps % schedule.sync_every == 0
         if full_batch:
-            _step(st, X, y, mask, schedule, check_stop=True)
+            _step(st, X, y, mask, schedule, check_stop=True, check_dead=check_dead)
         else:
             if not batches:
                 perms = torch.stack([torch.randperm(m, generator=gen) for gen in batch_generators]).to(X.device)
@@ -170,19 +175,16 @@ def train(net: TwoLayer, X: torch.Tensor, y: torch.Tensor, schedule: Schedule, *
             idx = batches.pop(0)
             Xb = torch.gather(X, 1, idx.unsqueeze(-1).expand(-1, -1, X.shape[2]))
             yb = torch.gather(y, 1, idx)
-            _step(st, Xb, yb, torch.ones_like(yb, dtype=torch.bool), schedule, check_stop=False)
+            _step(st, Xb, yb, torch.ones_like(yb, dtype=torch.bool), schedule, check_stop=False, check_dead=check_dead)
         steps += 1
         at_sync = steps % schedule.sync_every == 0
         if not full_batch and (at_sync or steps == max_steps):
             log_L = data_log_loss(st.net, X, y, mask, schedule.loss)
             st.log_loss = torch.where(st.running, log_L, st.log_loss)
-            conv = st.running & (log_L < math.log(schedule.target_loss))
-            st.status = torch.where(conv, torch.tensor(CONVERGED, dtype=torch.int8, device=X.device), st.status)
-            bad = st.running & ~torch.isfinite(log_L)
-            st.status = torch.where(bad, torch.tensor(DIVERGED, dtype=torch.int8, device=X.device), st.status)
+            _status(st, log_L < math.log(schedule.target_loss), CONVERGED)
+            _status(st, ~torch.isfinite(log_L), DIVERGED)
         if at_sync:
-            capped = st.running & (st.iters >= schedule.max_iters)
-            st.status = torch.where(capped, torch.tensor(MAX_ITERS, dtype=torch.int8, device=X.device), st.status)
+            _status(st, st.iters >= schedule.max_iters, MAX_ITERS)
             if not bool(st.running.any()):
                 break
     return st

@@ -13,7 +13,9 @@ import pytest
 from flows import runtime
 
 runtime.quiet_env()
-os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="kktlab-prefect-"))
+os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="kktlab-prefect-")  # hermetic: no cache from earlier runs
+os.environ.pop("PREFECT_API_URL", None)
+os.environ.pop("PREFECT_RESULTS_LOCAL_STORAGE_PATH", None)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 KKTLAB = [sys.executable, "-m", "kktlab.cli"]

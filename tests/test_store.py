@@ -112,3 +112,14 @@ def test_bundles_share_shapes_and_bound_padding():
         assert len(b) <= 4 and len({cell["loss"] for _, cell in b}) == 1
         costs = [exp.cost(cell) for _, cell in b]
         assert len(b) * max(costs) <= 2 * sum(costs)
+
+
+def test_bundles_fit_the_memory_budget():
+    from flows.bundles import make_bundles
+
+    exp = experiments.get("nonrobust")
+    c = config.parse({"experiment": "nonrobust", "grid": {"seed": list(range(10))}, "params": {"width": 100, "d": 50}})
+    items = list(enumerate(c.cells()))
+    per_cell = exp.memory(c.cells()[0])
+    bundles = make_bundles(exp, items, bundle_size=64, memory_budget=3.5 * per_cell)
+    assert [len(b) for b in bundles] == [3, 3, 3, 1]

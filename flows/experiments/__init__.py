@@ -68,6 +68,8 @@ class Experiment:
     )
     # Relative cost of a cell (for bundle sizing and ordering); FLOP-ish.
     cost: Callable[[Cell], float] = lambda cell: 1.0
+    # Peak bytes of one cell's tensors in a bundle (for sizing bundles to free memory); 0 = unknown.
+    memory: Callable[[Cell], float] = lambda cell: 0.0
     # Cross-field checks on one cell; raise ConfigError naming the field.
     check: Callable[[Cell], None] = lambda cell: None
     # Sizes of the extra dims given all cells of the grid (e.g. {"sample": max m}).

@@ -104,6 +104,16 @@ def cost(cell: dict) -> float:
     return float(n_samples(cell) * cell["d"] * cell["width"])
 
 
+def memory(cell: dict) -> float:
+    """Peak bytes of one cell: data, parameters, ~6 activation-sized (batch x width) buffers,
+    the (m x m) KKT Gram matrix (float64 analysis)."""
+    m, d, k = n_samples(cell), cell["d"], cell["width"]
+    item = 4 if cell["dtype"] == "float32" else 8
+    batch = min(m, cell["batch_size"])
+    gram = 3 * m * m * 8 if m <= cell["kkt_max_m"] else 0
+    return float(item * (m * d + 2 * k * d + 6 * batch * k) + gram)
+
+
 def extra_dims(cells: list[dict]) -> dict[str, int]:
     return {"sample": max(n_samples(c) for c in cells)}
 
@@ -202,6 +212,9 @@ def run_bundle(cells: list[dict], device: str = "auto") -> list[dict]:
     """Train the bundle as one stacked problem, then measure everything in float64."""
     dev = resolve_device(device)
     dtype = getattr(torch, cells[0]["dtype"])
+    if dev.type == "cuda":  # TF32 perturbs margins by ~1e-3 relative (spec A16): never
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
     net, X, y, mask, gens = build(cells)
     t0 = time.perf_counter()
     st = train.train(
@@ -220,7 +233,7 @@ EXPERIMENT = register(Experiment(
     name="nonrobust",
     paper="002 Vardi, Yehudai, Shamir: Gradient methods provably converge to non-robust networks",
     description="train two-layer ReLU nets to loss 1e-30; smallest universal flip c* along z (Fig. 1, 2)",
-    params=P, variables=V, run_bundle=run_bundle, bundle_key=bundle_key, cost=cost, check=check,
+    params=P, variables=V, run_bundle=run_bundle, bundle_key=bundle_key, cost=cost, check=check, memory=memory,
     extra_dims=extra_dims,
     summary=("m_used", "status", "iters", "train_acc", "margin_frac", "gamma", "c_star", "c_star_rel", "kkt_eps"),
     spec_ids=("Fig1a", "Fig1b", "Fig2a", "Fig2b", "E4", "E5", "E6", "E8", "E13", "E14"),

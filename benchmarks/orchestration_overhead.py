@@ -1,0 +1,92 @@
+"""Orchestration overhead: a sweep through Prefect + Dask vs calling the kernel directly.
+
+For cell sizes of about 0.1 s, 1 s and 10 s of work (calibrated here), a sweep of N cells of
+the ``calibrate`` experiment runs through the real path (embedded Prefect server, Dask
+LocalCluster of W worker processes, Zarr store; one cell per bundle) and the same cells run
+directly in this process, one by one. Overhead = T_sweep / (T_direct / W) - 1, i.e. the
+share of worker time lost to orchestration (start-up included). Also runs one large sweep of
+tiny cells in large bundles, to report the largest sweep scheduled in the run.
+
+    python benchmarks/orchestration_overhead.py [--workers 2] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
+
+from benchmarks.common import write  # noqa: E402
+from flows import runtime  # noqa: E402
+from tasks.calibrate import busy  # noqa: E402
+
+
+def calibrate(seconds: float) -> int:
+    n = 50
+    while True:
+        t0 = time.perf_counter()
+        busy(n, 0)
+        dt = time.perf_counter() - t0
+        if dt > 0.05:
+            return max(1, int(n * seconds / dt))
+        n *= 4
+
+
+def sweep(n_cells: int, n_matmuls: int, workers: int, bundle_size: int, tmp: str) -> tuple[float, dict]:
+    from flows.sweep import run
+    from kktlab import config
+
+    cfg = config.parse({"experiment": "calibrate", "name": f"c{n_matmuls}x{n_cells}",
+                        "grid": {"seed": list(range(n_cells))}, "params": {"n_matmuls": n_matmuls},
+                        "runner": {"workers": workers, "bundle_size": bundle_size}})
+    t0 = time.perf_counter()
+    stats = run(cfg, os.path.join(tmp, "bench.zarr"))
+    return time.perf_counter() - t0, stats
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--quick", action="store_true", help="0.1 s and 1 s cells only, fewer cells")
+    ap.add_argument("--big", type=int, default=5000, help="cells of the large tiny-cell sweep")
+    a = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    sizes = [(0.1, 40), (1.0, 16)] if a.quick else [(0.1, 60), (1.0, 24), (10.0, 6)]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp, runtime.prefect_api():
+        sweep(2, 1, a.workers, 1, tmp)  # warm-up: imports, first flow run
+        for seconds, n_cells in sizes:
+            n_mm = calibrate(seconds)
+            t0 = time.perf_counter()
+            for s in range(n_cells):
+                busy(n_mm, s)
+            direct = time.perf_counter() - t0
+            t_sweep, stats = sweep(n_cells, n_mm, a.workers, 1, tmp)
+            ideal = direct / a.workers
+            row = {"cell_s": direct / n_cells, "cells": n_cells, "direct_s": direct, "sweep_s": t_sweep,
+                   "ideal_parallel_s": ideal, "overhead_fraction": t_sweep / ideal - 1, "written": stats["written"]}
+            rows.append(row)
+            print(f"cell {row['cell_s']:.2f} s x {n_cells}: direct {direct:.1f} s, sweep {t_sweep:.1f} s on "
+                  f"{a.workers} workers (ideal {ideal:.1f} s) -> overhead {100 * row['overhead_fraction']:.1f}%",
+                  flush=True)
+        t_big, big = sweep(a.big, 0, a.workers, 500, tmp)
+        print(f"largest sweep: {big['written']} cells in {big['bundles']} bundles, {t_big:.1f} s", flush=True)
+    target = [r for r in rows if r["cell_s"] >= 0.9]
+    path = write("orchestration_overhead", {
+        "workers": a.workers, "rows": rows,
+        "largest_sweep": {"cells": big["written"], "bundles": big["bundles"], "wall_s": t_big},
+        "target": "overhead <= 5% for cells >= 1 s",
+        "target_met": bool(target) and all(r["overhead_fraction"] <= 0.05 for r in target)})
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+"""``make bench``: run every benchmark (one process each), then draw one PNG of the ratios.
+
+    python benchmarks/run_all.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import subprocess
+import sys
+
+HERE = pathlib.Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+
+BENCHES = {
+    "train_batched": ([], ["--E", "16", "256", "--steps", "50", "--loop-steps", "10"]),
+    "cstar_kkt": ([], ["--E", "16"]),
+    "forging_rare_event": ([], ["--quick"]),
+    "orchestration_overhead": ([], ["--quick", "--big", "1000"]),
+}
+
+
+def plot(out: pathlib.Path) -> pathlib.Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels, values = [], []
+    for f in sorted(RESULTS.glob("*.json")):
+        d = json.loads(f.read_text())
+        dev = d.get("device", {}).get("gpu") or d.get("device", {}).get("device", "cpu")
+        if d["benchmark"] == "train_batched":
+            for r in d["rows"]:
+                labels.append(f"train E={r['E']} ({dev})"), values.append(r["speedup"])
+        elif d["benchmark"] == "cstar_kkt":
+            for k, r in d["rows"].items():
+                labels.append(f"{k} ({dev})"), values.append(r["speedup"])
+        elif d["benchmark"] == "orchestration_overhead":
+            for r in d["rows"]:
+                labels.append(f"orchestration {r['cell_s']:.1f}s cells: 1/(1+overhead)")
+                values.append(1 / (1 + r["overhead_fraction"]))
+        elif d["benchmark"] == "forging_rare_event":
+            for r in d.get("rows", []):
+                if "naive_evals_same_relerr" in r and r.get("gradient_evals"):
+                    labels.append(f"forging p={r['p']:.0e}: naive evals / rare-event evals")
+                    values.append(r["naive_evals_same_relerr"] / r["gradient_evals"])
+    fig, ax = plt.subplots(figsize=(8, 0.35 * len(values) + 1.5))
+    ax.barh(range(len(values)), values)
+    ax.set_yticks(range(len(values)), labels, fontsize=7)
+    ax.set_xscale("log")
+    ax.axvline(1, color="k", lw=0.8)
+    ax.set_xlabel("ratio (higher is better; measured, see benchmarks/results/*.json)")
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--quick", action="store_true", help="the small settings of each benchmark")
+    ap.add_argument("--only", nargs="*", default=list(BENCHES))
+    a = ap.parse_args(argv)
+    failed = []
+    for name in a.only:
+        full, quick = BENCHES[name]
+        cmd = [sys.executable, str(HERE / f"{name}.py"), *(quick if a.quick else full)]
+        print("$", " ".join(cmd), flush=True)
+        if subprocess.run(cmd).returncode != 0:
+            failed.append(name)
+    print("wrote", plot(RESULTS / "ratios.png"))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

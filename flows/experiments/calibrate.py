@@ -1,0 +1,33 @@
+"""Experiment ``calibrate``: cells doing a fixed amount of matmul work, to measure what the
+Prefect + Dask path costs on a cluster (benchmarks/orchestration_overhead.py)."""
+
+from __future__ import annotations
+
+import time
+
+from flows.experiments import Experiment, Param, Var, register
+from tasks.calibrate import busy
+
+
+def run_bundle(cells: list[dict], device: str = "cpu") -> list[dict]:
+    out = []
+    for c in cells:  # the work of a cell is sequential by design: it is the unit being timed
+        t0 = time.perf_counter()
+        checksum = busy(c["n_matmuls"], c["seed"])
+        out.append({"checksum": checksum, "wall_s": time.perf_counter() - t0})
+    return out
+
+
+EXPERIMENT = register(Experiment(
+    name="calibrate",
+    paper="none (infrastructure)",
+    description="fixed matmul work per cell; measures orchestration overhead",
+    params={"n_matmuls": Param(int, 100, "128x128 float32 matmuls per cell", min=0),
+            "seed": Param(int, 0, "seed of the matrices", min=0)},
+    variables={"checksum": Var("1", "sum of the final matrix (proves the work ran)"),
+               "wall_s": Var("s", "time the cell's work took on its worker")},
+    run_bundle=run_bundle,
+    bundle_key=lambda cell: (cell["n_matmuls"],),
+    cost=lambda cell: float(cell["n_matmuls"]),
+    summary=("wall_s",),
+))
