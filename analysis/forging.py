@@ -101,6 +101,9 @@ def figures(ds: xr.Dataset, out_dir: pathlib.Path, prefix: str = "") -> list[pat
             note += f" ({n}/{tot} cells done)"
         name = "_".join(f"{k}-{v}" for k, v in sel.items()) or "all"
         paths.append(_volume_panel(ds, sel, out_dir / f"{prefix}forging_volume_{name}.png", note))
+    # Fig 1 (F000-1) is not a grid: computed here from tasks/forging_sgd.py, once per report
+    if not (out_dir / "paper000_fig1_trajectory.png").exists():
+        paths.append(figure1_trajectory(out_dir))
     return paths
 
 

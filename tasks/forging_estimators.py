@@ -40,7 +40,7 @@ from tasks.forging_models import SquaredLossModel, batch_forging_mismatch, featu
 __all__ = [
     "ForgingProblem", "VolumeEstimate", "slab_problem", "ball_problem", "batch_problem",
     "cylinder_problem", "gaussian_problem", "naive_mc", "subset_simulation", "ESTIMATORS",
-    "fit_log_slope",
+    "fit_log_slope", "naive_mc_samples_for",
 ]
 
 Evaluate = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
@@ -243,6 +243,15 @@ def naive_mc(problem: ForgingProblem, eps: float, *, generator: torch.Generator,
         return VolumeEstimate("naive_mc", math.inf, math.nan, evals, hits, math.inf, {"unbounded": True})
     se = math.sqrt(var / n_samples)
     return VolumeEstimate("naive_mc", problem.log_measure + math.log(mean), se / mean, evals, hits, math.log(mean))
+
+
+def naive_mc_samples_for(p: float, rel_err: float) -> float:
+    """Samples naive MC needs for relative standard error ``rel_err`` at hit probability p (analytic,
+    binomial variance of the hit fraction): (1 - p)/(p·rel_err²); NaN for p outside (0, 1) or a
+    non-finite / non-positive ``rel_err`` (spec §6 item 5: the cost naive MC would need)."""
+    if not (0 < p < 1) or not (rel_err > 0 and math.isfinite(rel_err)):
+        return math.nan
+    return (1.0 - p) / (p * rel_err * rel_err)
 
 
 def _pcn(xi: torch.Tensor, sigma: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
