@@ -2,10 +2,13 @@
 
 For cell sizes of about 0.1 s, 1 s and 10 s of work (calibrated here), a sweep of N cells of
 the ``calibrate`` experiment runs through the real path (embedded Prefect server, Dask
-LocalCluster of W worker processes, Zarr store; one cell per bundle) and the same cells run
-directly in this process, one by one. Overhead = T_sweep / (T_direct / W) - 1, i.e. the
-share of worker time lost to orchestration (start-up included). Also runs one large sweep of
-tiny cells in large bundles, to report the largest sweep scheduled in the run.
+LocalCluster of W worker processes, Zarr store; one cell per bundle, i.e. one Prefect task
+per cell: the worst case) and the same cells run directly in this process, one by one.
+Overhead = T_sweep / (T_direct / W) - 1 (start-up included), and the steady-state overhead
+with the measured start-up of an empty sweep (cluster start, worker imports, flow run)
+taken out. Default W = 1: the direct call computes on one core, so does the sweep, and the
+second core hosts the orchestration (flow process, Prefect server, scheduler). Also runs one
+large sweep of tiny cells in large bundles, to report the largest sweep scheduled in the run.
 
     python benchmarks/orchestration_overhead.py [--workers 2] [--quick]
 """
@@ -52,17 +55,12 @@ def sweep(n_cells: int, n_matmuls: int, workers: int, bundle_size: int, tmp: str
     return time.perf_counter() - t0, stats
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--quick", action="store_true", help="0.1 s and 1 s cells only, fewer cells")
-    ap.add_argument("--big", type=int, default=5000, help="cells of the large tiny-cell sweep")
-    a = ap.parse_args(argv)
-    torch.set_num_threads(1)
-    sizes = [(0.1, 40), (1.0, 16)] if a.quick else [(0.1, 60), (1.0, 24), (10.0, 6)]
+def measure(a, sizes, tmp) -> tuple[list[dict], dict, float]:
     rows = []
-    with tempfile.TemporaryDirectory() as tmp, runtime.prefect_api():
+    with runtime.prefect_api():
         sweep(2, 1, a.workers, 1, tmp)  # warm-up: imports, first flow run
+        startup = min(sweep(1, 0, a.workers, 1, f"{tmp}/s{i}")[0] for i in range(2))
+        print(f"start-up of an empty sweep (cluster, workers, flow run): {startup:.1f} s", flush=True)
         for seconds, n_cells in sizes:
             n_mm = calibrate(seconds)
             t0 = time.perf_counter()
@@ -72,19 +70,36 @@ def main(argv=None):
             t_sweep, stats = sweep(n_cells, n_mm, a.workers, 1, tmp)
             ideal = direct / a.workers
             row = {"cell_s": direct / n_cells, "cells": n_cells, "direct_s": direct, "sweep_s": t_sweep,
-                   "ideal_parallel_s": ideal, "overhead_fraction": t_sweep / ideal - 1, "written": stats["written"]}
+                   "ideal_parallel_s": ideal, "startup_s": startup, "overhead_fraction": t_sweep / ideal - 1,
+                   "steady_overhead_fraction": (t_sweep - startup) / ideal - 1, "written": stats["written"]}
             rows.append(row)
             print(f"cell {row['cell_s']:.2f} s x {n_cells}: direct {direct:.1f} s, sweep {t_sweep:.1f} s on "
-                  f"{a.workers} workers (ideal {ideal:.1f} s) -> overhead {100 * row['overhead_fraction']:.1f}%",
-                  flush=True)
+                  f"{a.workers} workers (ideal {ideal:.1f} s) -> overhead {100 * row['overhead_fraction']:.1f}% "
+                  f"({100 * row['steady_overhead_fraction']:.1f}% without the {startup:.1f} s start-up)", flush=True)
         t_big, big = sweep(a.big, 0, a.workers, 500, tmp)
         print(f"largest sweep: {big['written']} cells in {big['bundles']} bundles, {t_big:.1f} s", flush=True)
+    return rows, big, t_big
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--quick", action="store_true", help="0.1 s and 1 s cells only, fewer cells")
+    ap.add_argument("--big", type=int, default=5000, help="cells of the large tiny-cell sweep")
+    a = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    sizes = [(0.1, 30), (1.0, 10)] if a.quick else [(0.1, 60), (1.0, 30), (10.0, 6)]
+    with tempfile.TemporaryDirectory() as tmp:
+        # a fresh result store: no cached bundle from an earlier run may stand in for work
+        os.environ["PREFECT_RESULTS_LOCAL_STORAGE_PATH"] = os.path.join(tmp, "prefect-results")
+        rows, big, t_big = measure(a, sizes, tmp)
     target = [r for r in rows if r["cell_s"] >= 0.9]
     path = write("orchestration_overhead", {
         "workers": a.workers, "rows": rows,
         "largest_sweep": {"cells": big["written"], "bundles": big["bundles"], "wall_s": t_big},
-        "target": "overhead <= 5% for cells >= 1 s",
-        "target_met": bool(target) and all(r["overhead_fraction"] <= 0.05 for r in target)})
+        "target": "overhead <= 5% for cells >= 1 s (steady state, start-up reported separately)",
+        "target_met_steady": bool(target) and all(r["steady_overhead_fraction"] <= 0.05 for r in target),
+        "target_met_including_startup": bool(target) and all(r["overhead_fraction"] <= 0.05 for r in target)})
     print(f"wrote {path}")
 
 

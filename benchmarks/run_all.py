@@ -19,6 +19,7 @@ BENCHES = {
     "cstar_kkt": ([], ["--E", "16"]),
     "forging_rare_event": ([], ["--quick"]),
     "orchestration_overhead": ([], ["--quick", "--big", "1000"]),
+    "wide_step": ([], ["--steps", "3"]),
 }
 
 
@@ -42,11 +43,15 @@ def plot(out: pathlib.Path) -> pathlib.Path:
             for r in d["rows"]:
                 labels.append(f"orchestration {r['cell_s']:.1f}s cells: 1/(1+overhead)")
                 values.append(1 / (1 + r["overhead_fraction"]))
+        elif d["benchmark"] == "wide_step":
+            labels.append(f"wide step: achieved / measured GEMM FLOP/s ({dev})")
+            values.append(d["fraction_of_measured_gemm"])
         elif d["benchmark"] == "forging_rare_event":
-            for r in d.get("rows", []):
-                if "naive_evals_same_relerr" in r and r.get("gradient_evals"):
-                    labels.append(f"forging p={r['p']:.0e}: naive evals / rare-event evals")
-                    values.append(r["naive_evals_same_relerr"] / r["gradient_evals"])
+            for r in d.get("results", []):
+                naive = r.get("naive_mc_gradient_evals_for_same_stated_se_analytic")
+                if r["estimator"].startswith("subset_simulation") and naive and r.get("n_gradient_evals"):
+                    labels.append(f"forging p={r['p']:.0e} {r['estimator']}: naive MC evals (analytic) / evals")
+                    values.append(naive / r["n_gradient_evals"])
     fig, ax = plt.subplots(figsize=(8, 0.35 * len(values) + 1.5))
     ax.barh(range(len(values)), values)
     ax.set_yticks(range(len(values)), labels, fontsize=7)

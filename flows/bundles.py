@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections import defaultdict
 
@@ -9,9 +10,11 @@ from flows.experiments import Experiment
 
 
 def make_bundles(exp: Experiment, cells: list[tuple[tuple, dict]], bundle_size: int,
-                 max_waste: float = 2.0, memory_budget: float = float("inf")) -> list[list[tuple[tuple, dict]]]:
+                 max_waste: float = 2.0, memory_budget: float = float("inf"),
+                 workers: int = 1) -> list[list[tuple[tuple, dict]]]:
     """Group ``(index, cell)`` pairs by ``exp.bundle_key``; within a group sort by cost and cut
-    bundles of at most ``bundle_size`` cells whose padded cost (cells x largest cost) stays
+    bundles of at most ``bundle_size`` cells (and at most 1/``workers`` of the group, so every
+    worker gets work) whose padded cost (cells x largest cost) stays
     within ``max_waste`` of their real cost and whose padded memory (cells x largest
     ``exp.memory``) stays within ``memory_budget`` bytes. Deterministic for a given input order."""
     groups: dict[tuple, list] = defaultdict(list)
@@ -20,11 +23,12 @@ def make_bundles(exp: Experiment, cells: list[tuple[tuple, dict]], bundle_size: 
     bundles = []
     for key in sorted(groups, key=repr):
         items = sorted(groups[key], key=lambda it: (exp.cost(it[1]), it[0]))
+        size = max(1, min(bundle_size, math.ceil(len(items) / max(workers, 1))))
         current, total, peak = [], 0.0, 0.0
         for item in items:
             c, mem = exp.cost(item[1]), exp.memory(item[1])
             n = len(current) + 1
-            if current and (n > bundle_size or n * c > max_waste * (total + c) or n * max(peak, mem) > memory_budget):
+            if current and (n > size or n * c > max_waste * (total + c) or n * max(peak, mem) > memory_budget):
                 bundles.append(current)
                 current, total, peak = [], 0.0, 0.0
             current.append(item)

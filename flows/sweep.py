@@ -101,7 +101,8 @@ def execute(cfg: config_mod.Config, store_path: str, force: bool) -> dict:
         stats["wall_s"] = time.perf_counter() - t0
         return stats
     budget = memory_budget(device, cfg.runner["workers"])
-    bundles = make_bundles(cfg.exp, todo, cfg.runner["bundle_size"], memory_budget=budget)
+    bundles = make_bundles(cfg.exp, todo, cfg.runner["bundle_size"], memory_budget=budget,
+                           workers=cfg.runner["workers"] if cfg.runner["cluster"] in ("local", "inline") else 1)
     stats["bundles"] = len(bundles)
     progress = Progress(total, total - len(todo), cfg.name)
     task_fn = run_bundle.with_options(retries=cfg.runner["retries"], refresh_cache=force)

@@ -123,3 +123,13 @@ def test_bundles_fit_the_memory_budget():
     per_cell = exp.memory(c.cells()[0])
     bundles = make_bundles(exp, items, bundle_size=64, memory_budget=3.5 * per_cell)
     assert [len(b) for b in bundles] == [3, 3, 3, 1]
+
+
+def test_bundles_spread_over_workers():
+    from flows.bundles import make_bundles
+
+    exp = experiments.get("nonrobust")
+    c = config.parse({"experiment": "nonrobust", "grid": {"seed": list(range(10))}, "params": {"width": 8}})
+    items = list(enumerate(c.cells()))
+    assert [len(b) for b in make_bundles(exp, items, bundle_size=64, workers=1)] == [10]
+    assert [len(b) for b in make_bundles(exp, items, bundle_size=64, workers=4)] == [3, 3, 3, 1]
