@@ -21,17 +21,11 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from benchmarks.common import timed, write  # noqa: E402
-from tasks import attack, data, kkt, models, train  # noqa: E402
+from tasks import attack, kkt, models, train  # noqa: E402
 
 
 def trained_stack(E, d, m, k, device):
-    nets, Xs, ys = [], [], []
-    for s in range(E):
-        g = data.seed_streams(s, (d, m))
-        X, y = data.synthetic("sphere", m, d, g)
-        Xs.append(X), ys.append(y)
-        nets.append(models.init_two_layer(d, k, g["init"]))
-    net, X, y = models.stack(nets), torch.stack(Xs), torch.stack(ys)
+    net, X, y = models.synthetic_stack(range(E), d, m, k)
     st = train.train(net, X, y, train.Schedule(lr0=1e-2, period=10, target_loss=1e-8, max_iters=4000))
     mv = lambda t: t.to(device)  # noqa: E731
     return models.TwoLayer(mv(st.net.W), mv(st.net.b), mv(st.net.v)), mv(X), mv(y)

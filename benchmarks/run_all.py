@@ -41,7 +41,7 @@ def plot(out: pathlib.Path) -> pathlib.Path:
                 labels.append(f"{k} ({dev})"), values.append(r["speedup"])
         elif d["benchmark"] == "orchestration_overhead":
             for r in d["rows"]:
-                labels.append(f"orchestration {r['cell_s']:.1f}s cells: 1/(1+overhead)")
+                labels.append(f"orchestration {r['cell_s']:.1f}s cells, {r.get('bundles', '?')} bundles: 1/(1+overhead)")
                 values.append(1 / (1 + r["overhead_fraction"]))
         elif d["benchmark"] == "wide_step":
             labels.append(f"wide step: achieved / measured GEMM FLOP/s ({dev})")

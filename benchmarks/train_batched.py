@@ -19,17 +19,11 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from benchmarks.common import timed, write  # noqa: E402
-from tasks import data, models, train  # noqa: E402
+from tasks import models, train  # noqa: E402
 
 
 def setup(E, d, m, k, dtype, device):
-    nets, Xs, ys = [], [], []
-    for s in range(E):
-        g = data.seed_streams(s, (d, m))
-        X, y = data.synthetic("sphere", m, d, g)
-        Xs.append(X), ys.append(y)
-        nets.append(models.init_two_layer(d, k, g["init"], dtype=dtype, device=device))
-    return models.stack(nets), torch.stack(Xs).to(device, dtype), torch.stack(ys).to(device, dtype)
+    return models.synthetic_stack(range(E), d, m, k, dtype=dtype, device=device)
 
 
 def main(argv=None):

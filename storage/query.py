@@ -55,11 +55,12 @@ def summary(ds: xr.Dataset, over: str = "seed", max_rows: int = 40, variables: t
     """A text table: scalar variables averaged over ``over`` (when it is a dim), done cells only."""
     scalars = [v for v in ds.data_vars if v != schema.DONE and ds[v].dims == ds[schema.DONE].dims
                and np.dtype(ds[v].dtype).kind in "fiub" and (not variables or v in variables)]
-    sub = ds[scalars].where(ds[schema.DONE]).load()
+    sub = ds[scalars].where(ds[schema.DONE])
     sub["done_frac"] = ds[schema.DONE].astype(float)
+    sub = sub.load()
     if over in sub.dims:
         sub = sub.mean(over, skipna=True)
-    df = sub.to_dataframe()
+    df = sub.to_dataframe() if sub.sizes else sub.to_pandas().to_frame("mean").T
     if len(df) > max_rows:
         df = df.head(max_rows)
     import pandas as pd

@@ -10,15 +10,8 @@ from tasks import attack, data, models, train
 
 @pytest.fixture(scope="module")
 def trained():
-    nets, Xs, ys = [], [], []
-    d, m, k = 16, 24, 32
-    for s in range(4):
-        g = data.seed_streams(s, (d, m))
-        X, y = data.synthetic("sphere", m, d, g)
-        Xs.append(X), ys.append(y)
-        nets.append(models.init_two_layer(d, k, g["init"]))
-    X, y = torch.stack(Xs), torch.stack(ys)
-    st = train.train(models.stack(nets), X, y, train.Schedule(lr0=1e-2, period=10, target_loss=1e-10, max_iters=6000))
+    net, X, y = models.synthetic_stack(range(4), d=16, m=24, k=32)
+    st = train.train(net, X, y, train.Schedule(lr0=1e-2, period=10, target_loss=1e-10, max_iters=6000))
     assert (st.status == train.CONVERGED).all()
     return st.net, X, y
 

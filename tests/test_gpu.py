@@ -4,21 +4,13 @@ import pytest
 import torch
 
 from flows import experiments
-from tasks import attack, data, kkt, models, train
+from tasks import attack, kkt, models, train
 
 pytestmark = pytest.mark.requires_gpu
 
 
 def stack(E=8, d=16, m=20, k=32, device="cpu"):
-    nets, Xs, ys = [], [], []
-    for s in range(E):
-        g = data.seed_streams(s, (d, m))
-        X, y = data.synthetic("sphere", m, d, g)
-        Xs.append(X), ys.append(y)
-        nets.append(models.init_two_layer(d, k, g["init"]))
-    net = models.stack(nets)
-    mv = lambda t: t.to(device)  # noqa: E731
-    return models.TwoLayer(mv(net.W), mv(net.b), mv(net.v)), mv(torch.stack(Xs)), mv(torch.stack(ys))
+    return models.synthetic_stack(range(E), d, m, k, device=device)
 
 
 def test_cuda_training_float64_matches_cpu():

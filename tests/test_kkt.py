@@ -5,20 +5,13 @@ import pytest
 import torch
 from scipy.optimize import nnls as scipy_nnls
 
-from tasks import data, kkt, models, train
+from tasks import kkt, models, train
 
 
 @pytest.fixture(scope="module")
 def trained():
-    nets, Xs, ys = [], [], []
-    d, m, k = 12, 10, 16
-    for s in range(3):
-        g = data.seed_streams(s, (d, m))
-        X, y = data.synthetic("sphere", m, d, g)
-        Xs.append(X), ys.append(y)
-        nets.append(models.init_two_layer(d, k, g["init"], init_scale=0.1))
-    X, y = torch.stack(Xs), torch.stack(ys)
-    st = train.train(models.stack(nets), X, y, train.Schedule(lr0=1e-2, period=10, target_loss=1e-12, max_iters=8000))
+    net, X, y = models.synthetic_stack(range(3), d=12, m=10, k=16, init_scale=0.1)
+    st = train.train(net, X, y, train.Schedule(lr0=1e-2, period=10, target_loss=1e-12, max_iters=8000))
     assert (st.status == train.CONVERGED).all()
     return st.net, X, y
 

@@ -8,14 +8,8 @@ import torch
 from tasks import data, models, train
 
 
-def make(E, d, m, k, seed0=0, kind="sphere"):
-    nets, Xs, ys = [], [], []
-    for s in range(seed0, seed0 + E):
-        g = data.seed_streams(s, (d, m))
-        X, y = data.synthetic(kind, m, d, g)
-        Xs.append(X), ys.append(y)
-        nets.append(models.init_two_layer(d, k, g["init"]))
-    return models.stack(nets), torch.stack(Xs), torch.stack(ys)
+def make(E, d, m, k):
+    return models.synthetic_stack(range(E), d, m, k)
 
 
 SCHED = train.Schedule(lr0=1e-2, period=10, target_loss=1e-8, max_iters=5000)
