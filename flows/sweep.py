@@ -18,6 +18,7 @@ from prefect import flow, task
 from prefect.futures import as_completed
 
 from deploy import dask as dask_specs
+from flows import checkpoint as checkpoint_io
 from flows import experiments
 from flows.bundles import make_bundles, memory_budget
 from flows.progress import Progress
@@ -57,12 +58,23 @@ def retry_unless_user_error(task, task_run, state) -> bool:
 
 @task(name="run-bundle", cache_key_fn=bundle_cache_key, persist_result=True, retries=2,
       retry_delay_seconds=1, retry_condition_fn=retry_unless_user_error)
-def run_bundle(experiment: str, cells: list[dict], device: str) -> list[dict]:
+def run_bundle(experiment: str, cells: list[dict], device: str, checkpoint: str | None = None) -> list[dict]:
     """Run one bundle of cells on this worker (one torch thread per worker process)."""
     import torch
 
     torch.set_num_threads(1)
-    return experiments.get(experiment).run_bundle(cells, device)
+    exp = experiments.get(experiment)
+    if exp.checkpoints and checkpoint:
+        return exp.run_bundle(cells, device, checkpoint=checkpoint)
+    return exp.run_bundle(cells, device)
+
+
+def bundle_id(experiment: str, cells: list[dict]) -> str:
+    """Names a bundle's checkpoint: its cells and the kernels' code (a checkpoint of other code
+    is never resumed)."""
+    payload = json.dumps({"experiment": experiment, "cells": cells, "code": code_fingerprint()},
+                         sort_keys=True, default=str)
+    return hashlib.sha256(payload.encode()).hexdigest()[:24]
 
 
 def plan(cfg: config_mod.Config, store: Store, force: bool):
@@ -112,7 +124,9 @@ def execute(cfg: config_mod.Config, store_path: str, force: bool) -> dict:
 
     with dask.annotate(**({"resources": resources} if resources else {})):
         for b in bundles:
-            fut = task_fn.submit(cfg.experiment, [cell for _, cell in b], device)
+            cells = [cell for _, cell in b]
+            ckpt = checkpoint_io.path_for(store_path, cfg.name, bundle_id(cfg.experiment, cells))
+            fut = task_fn.submit(cfg.experiment, cells, device, ckpt if cfg.exp.checkpoints else None)
             futures[fut] = b
     for fut in as_completed(list(futures)):
         bundle = futures[fut]
@@ -128,6 +142,8 @@ def execute(cfg: config_mod.Config, store_path: str, force: bool) -> dict:
                 stats["written"] += 1
             else:
                 stats["refused_done"] += 1
+        checkpoint_io.remove(checkpoint_io.path_for(store_path, cfg.name,
+                                                     bundle_id(cfg.experiment, [cell for _, cell in bundle])))
         progress.advance(len(bundle))
     stats["wall_s"] = time.perf_counter() - t0
     return stats

@@ -188,3 +188,19 @@ def train(net: TwoLayer, X: torch.Tensor, y: torch.Tensor, schedule: Schedule, *
             if not bool(st.running.any()):
                 break
     return st
+
+
+STATE_FIELDS = ("log_lr", "plateau_pos", "iters", "status", "log_loss")
+
+
+def state_to_dict(st: TrainState) -> dict[str, torch.Tensor]:
+    """The tensors of a state (CPU copies), for a checkpoint."""
+    out = {f: getattr(st, f).detach().cpu() for f in STATE_FIELDS}
+    out.update(W=st.net.W.detach().cpu(), b=st.net.b.detach().cpu(), v=st.net.v.detach().cpu())
+    return out
+
+
+def state_from_dict(d: dict[str, torch.Tensor], device, dtype) -> TrainState:
+    """Inverse of :func:`state_to_dict` on the given device / dtype of the bundle."""
+    net = TwoLayer(*(d[k].to(device, dtype) for k in ("W", "b", "v")))
+    return TrainState(net=net, **{f: d[f].to(device) for f in STATE_FIELDS})

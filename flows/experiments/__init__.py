@@ -76,6 +76,8 @@ class Experiment:
     extra_dims: Callable[[list[Cell]], dict[str, int]] = lambda cells: {}
     # Spec IDs this experiment reproduces, for `kktlab experiments`.
     spec_ids: tuple[str, ...] = ()
+    # True if run_bundle takes ``checkpoint=PATH`` (a file to resume a killed bundle from).
+    checkpoints: bool = False
     # Variables of the terminal summary table (default: every scalar variable).
     summary: tuple[str, ...] = ()
 

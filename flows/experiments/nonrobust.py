@@ -15,6 +15,7 @@ import time
 import numpy as np
 import torch
 
+from flows import checkpoint as checkpoint_io
 from flows.experiments import Experiment, Param, Var, register
 from kktlab.errors import ConfigError
 from tasks import attack, data, kkt, models, train
@@ -208,18 +209,48 @@ def _robust(X: torch.Tensor, y: torch.Tensor, z_hat: torch.Tensor) -> tuple[floa
     return (1 - rho) * math.sqrt(X.shape[1]) / 2, float(res.c_star[0])
 
 
-def run_bundle(cells: list[dict], device: str = "auto") -> list[dict]:
-    """Train the bundle as one stacked problem, then measure everything in float64."""
+def chunk_steps(cells: list[dict], sched: train.Schedule) -> int:
+    """Steps per train() call between checkpoints: ~1000, a multiple of the sync period and of
+    the batches per epoch, so a chunked run takes exactly the steps of an unchunked one."""
+    m = n_samples(cells[0])
+    per_epoch = math.ceil(m / sched.batch_size) if m > sched.batch_size else 1
+    unit = math.lcm(sched.sync_every, per_epoch)
+    return unit * max(1, 1000 // unit)
+
+
+def train_bundle(cells: list[dict], device: str = "auto", checkpoint: str | None = None,
+                 checkpoint_every_s: float = 60.0, max_chunks: int | None = None):
+    """Train a bundle as one stacked problem, in chunks, checkpointing every
+    ``checkpoint_every_s`` seconds (and after the last of ``max_chunks`` chunks)."""
     dev = resolve_device(device)
     dtype = getattr(torch, cells[0]["dtype"])
     if dev.type == "cuda":  # TF32 perturbs margins by ~1e-3 relative (spec A16): never
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
     net, X, y, mask, gens = build(cells)
+    sched = schedule(cells[0])
+    state = checkpoint_io.load(checkpoint, dev, dtype, gens) if checkpoint else None
+    net_dev = models.TwoLayer(*(t.to(dev, dtype) for t in (net.W, net.b, net.v)))
+    Xd, yd, maskd = X.to(dev, dtype), y.to(dev, dtype), mask.to(dev)
+    last_save, chunks = time.monotonic(), 0
+    while state is None or bool(state.running.any()):
+        state = train.train(net_dev, Xd, yd, sched, mask=maskd, batch_generators=gens, state=state,
+                            max_steps=chunk_steps(cells, sched))
+        chunks += 1
+        stop = max_chunks is not None and chunks >= max_chunks
+        if checkpoint and (stop or time.monotonic() - last_save >= checkpoint_every_s):
+            checkpoint_io.save(checkpoint, state, gens)
+            last_save = time.monotonic()
+        if stop:
+            break
+    return state, (net, X, y, mask, gens)
+
+
+def run_bundle(cells: list[dict], device: str = "auto", checkpoint: str | None = None) -> list[dict]:
+    """Train the bundle (resuming from ``checkpoint`` if one exists), then measure everything
+    in float64."""
     t0 = time.perf_counter()
-    st = train.train(
-        models.TwoLayer(*(t.to(dev, dtype) for t in (net.W, net.b, net.v))),
-        X.to(dev, dtype), y.to(dev, dtype), schedule(cells[0]), mask=mask.to(dev), batch_generators=gens)
+    st, (_, X, y, mask, gens) = train_bundle(cells, device, checkpoint)
     wall = time.perf_counter() - t0
     trained = models.TwoLayer(*(t.detach().to("cpu", torch.float64) for t in (st.net.W, st.net.b, st.net.v)))
     results = analyse(trained, X, y, mask, cells, gens)
@@ -234,6 +265,7 @@ EXPERIMENT = register(Experiment(
     paper="002 Vardi, Yehudai, Shamir: Gradient methods provably converge to non-robust networks",
     description="train two-layer ReLU nets to loss 1e-30; smallest universal flip c* along z (Fig. 1, 2)",
     params=P, variables=V, run_bundle=run_bundle, bundle_key=bundle_key, cost=cost, check=check, memory=memory,
+    checkpoints=True,
     extra_dims=extra_dims,
     summary=("m_used", "status", "iters", "train_acc", "margin_frac", "gamma", "c_star", "c_star_rel", "kkt_eps"),
     spec_ids=("Fig1a", "Fig1b", "Fig2a", "Fig2b", "E4", "E5", "E6", "E8", "E13", "E14"),
