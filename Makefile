@@ -7,6 +7,7 @@ CONFIG  ?= configs/quickstart.yaml configs/quickstart-forging.yaml
 export DO_NOT_TRACK := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export OMP_WAIT_POLICY := PASSIVE
+export DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED := False
 export PREFECT_HOME ?= $(CURDIR)/.prefect
 PPORT   ?= 4200
 POOL    ?= kktlab-pool

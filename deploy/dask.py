@@ -25,6 +25,11 @@ GPU_RESOURCE = {"GPU": 1}
 
 def task_runner(runner: dict):
     """The Prefect task runner for a validated ``runner`` block."""
+    import dask
+
+    # no statistical profiler on workers we start (it costs ~10% of a Python-heavy kernel);
+    # for external `dask worker`s set DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=False
+    dask.config.set({"distributed.worker.profile.enabled": False})
     kind = runner["cluster"]
     if kind == "inline":
         from prefect.task_runners import ThreadPoolTaskRunner
