@@ -19,6 +19,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import xarray as xr  # noqa: E402
 
+from analysis.common import finish  # noqa: E402
 from tasks.forging_estimators import fit_log_slope  # noqa: E402
 from tasks.forging_sgd import figure1_trajectories  # noqa: E402
 
@@ -76,13 +77,7 @@ def _volume_panel(ds: xr.Dataset, sel: dict, out: pathlib.Path, note: str) -> pa
     ax.set_xlabel(r"$\log_{10}\varepsilon$")
     ax.set_ylabel(r"$\log_{10}\mu(S_\varepsilon)$")
     title = "Forging-set volume (package validation, F000-3/4)"
-    ax.set_title(title + ("\n" + note if note else ""), fontsize=9)
-    ax.legend(fontsize=7)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return finish(fig, ax, out, title + ("\n" + note if note else ""))
 
 
 def figures(ds: xr.Dataset, out_dir: pathlib.Path, prefix: str = "") -> list[pathlib.Path]:
@@ -121,11 +116,5 @@ def figure1_trajectory(out_dir: pathlib.Path, **kwargs) -> pathlib.Path:
         ax.axhline(s, color="gray", ls="--", lw=0.8)
     ax.set_xlabel("SGD step k")
     ax.set_ylabel(r"$w_k$")
-    ax.set_title("Paper 000 Fig 1 (F000-1): forging at step 0 sends SGD to the other basin", fontsize=9)
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    path = out_dir / "paper000_fig1_trajectory.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return finish(fig, ax, out_dir / "paper000_fig1_trajectory.png",
+                  "Paper 000 Fig 1 (F000-1): forging at step 0 sends SGD to the other basin")

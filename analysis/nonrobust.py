@@ -14,6 +14,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import xarray as xr  # noqa: E402
 
+from analysis.common import finish  # noqa: E402
+
 
 def _lines(ds: xr.Dataset, var: str, x: str = "d"):
     """Yield (label, x values, mean, std) for every combination of the non-x, non-seed dims."""
@@ -38,13 +40,7 @@ def _plot(ds, var, ylabel, title, path, sqrt_line=False, x="d"):
         ax.plot(xs, np.sqrt(xs), "k--", lw=1, label=r"$\sqrt{d}$")
     ax.set_xlabel(x)
     ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=7)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return finish(fig, ax, path, title, fontsize=10)
 
 
 def figures(ds: xr.Dataset, out_dir: pathlib.Path, prefix: str = "") -> list[pathlib.Path]:
