@@ -147,6 +147,14 @@ def flips_all(net: TwoLayer, X, y, I, z_hat, c: torch.Tensor) -> torch.Tensor:
     return (f < 0).logical_or(~I).all(1)
 
 
+def flipped_fraction(net: TwoLayer, X, y, valid, z_hat, c: torch.Tensor) -> torch.Tensor:
+    """Fraction of the valid samples with y_i N(x_i - y_i c ẑ) < 0, just past c (E,); c may be inf."""
+    finite = torch.where(torch.isfinite(c), c, torch.zeros_like(c))
+    f = f_along(net, X, y, z_hat, finite * (1 + 1e-9) + 1e-12)
+    frac = ((f < 0) & valid).sum(1) / valid.sum(1)
+    return torch.where(torch.isfinite(c), frac, torch.full_like(frac, math.nan))
+
+
 def c_star_exact(net: TwoLayer, X, y, I, z_hat, *, cap: float | torch.Tensor = math.inf) -> FlipResult:
     """Exact c* (spec §2.9): c0 = max_{i∈I} r_i, verified; non-monotone cases scan all roots."""
     r = first_roots(net, X, y, z_hat)

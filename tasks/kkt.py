@@ -70,7 +70,6 @@ class KKTFit:
     eps: torch.Tensor  # (E,) stationarity residual / ||θ̂||
     delta: torch.Tensor  # (E,) complementary slackness Σ λ_i (q̂_i - 1)
     sum_lam_ratio: torch.Tensor  # (E,) Σλ / (||θ̂||²/2), 1 at an exact KKT point
-    balance_err: torch.Tensor  # (E,) Σ_j |v_j² - ||w_j||² - b_j²| / ||θ||²
 
 
 def kkt_fit(net: TwoLayer, X, y, valid: torch.Tensor, iters: int = 3000) -> KKTFit:
@@ -87,8 +86,13 @@ def kkt_fit(net: TwoLayer, X, y, valid: torch.Tensor, iters: int = 3000) -> KKTF
     res2 = th2 - 2 * (r * lam).sum(1) + (lam * torch.bmm(Q, lam.unsqueeze(-1)).squeeze(-1)).sum(1)
     eps = torch.sqrt(res2.clamp_min(0)) / torch.sqrt(th2)
     delta = (lam * (q_hat - 1).masked_fill(~valid, 0)).sum(1)
-    bal = (net.v.pow(2) - net.W.pow(2).sum(-1) - net.b.pow(2)).abs().sum(1) / net.sq_norm()
-    return KKTFit(lam=lam, eps=eps, delta=delta, sum_lam_ratio=lam.sum(1) / (th2 / 2), balance_err=bal)
+    return KKTFit(lam=lam, eps=eps, delta=delta, sum_lam_ratio=lam.sum(1) / (th2 / 2))
+
+
+def balance_error(net: TwoLayer) -> torch.Tensor:
+    """Σ_j |v_j² - ||w_j||² - b_j²| / ||θ||², (E,): 0 at a KKT point (spec §2.3; gradient flow
+    conserves each neuron's v_j² - ||w_j||² - b_j², §2.4)."""
+    return (net.v.pow(2) - net.W.pow(2).sum(-1) - net.b.pow(2)).abs().sum(1) / net.sq_norm()
 
 
 @dataclasses.dataclass

@@ -160,9 +160,9 @@ def analyse(net, X, y, mask, cells, gens) -> list[dict]:
     z_hat = attack.DIRECTIONS[c0["attack"]](net, X, y, I, gens)
     d_true = torch.tensor([float(c["d"]) for c in cells], dtype=X.dtype)
     flip = attack.c_star_exact(net, X, y, I, z_hat, cap=20 * torch.sqrt(d_true))
-    finite_c = torch.where(torch.isfinite(flip.c_star), flip.c_star, torch.zeros_like(flip.c_star))
-    f_at = attack.f_along(net, X, y, z_hat, finite_c * (1 + 1e-9) + 1e-12)
-    flipped = ((f_at < 0) & mask).sum(1) / mask.sum(1)
+    flipped = attack.flipped_fraction(net, X, y, mask, z_hat, flip.c_star)
+    gamma = kkt.normalized_margin(net, q, mask)
+    balance = kkt.balance_error(net)
     fit = kkt.kkt_fit(net, X, y, mask) if max(n_samples(c) for c in cells) <= c0["kkt_max_m"] else None
     th = kkt.theory_check(net, X, y, I)
     qv = q.masked_fill(~mask, math.nan)
@@ -176,7 +176,7 @@ def analyse(net, X, y, mask, cells, gens) -> list[dict]:
         out.append({
             "m_used": m, "train_acc": float((qe > 0).double().mean()),
             "q_min": float(qe.min()), "q_ratio": float(qe.max() / qe.min()),
-            "gamma": float(qe.min() / net.select(slice(e, e + 1)).sq_norm()[0]),
+            "gamma": float(gamma[e]),
             "margin_frac": float(I[e].sum()) / m, "n_off_margin": int(m - I[e].sum()),
             "c_star": float(flip.c_star[e]), "c_star_rel": float(flip.c_star[e]) / math.sqrt(d),
             "c_star_rel_norm": float(flip.c_star[e] / norms.median()),
@@ -186,8 +186,7 @@ def analyse(net, X, y, mask, cells, gens) -> list[dict]:
             "kkt_eps": float(fit.eps[e]) if fit else math.nan,
             "kkt_delta": float(fit.delta[e]) if fit else math.nan,
             "kkt_sum_lam_ratio": float(fit.sum_lam_ratio[e]) if fit else math.nan,
-            "balance_err": float((net.v[e].pow(2) - net.W[e].pow(2).sum(-1) - net.b[e].pow(2)).abs().sum()
-                                 / net.select(slice(e, e + 1)).sq_norm()[0]),
+            "balance_err": float(balance[e]),
             "theory_p": float(th.p[e]), "theory_c_bal": float(th.c_bal[e]),
             "theory_c_prime": float(th.c_prime[e]), "theory_z_norm": float(th.z_norm[e]),
             "theory_max_pos": float(th.max_pos[e]), "theory_min_neg": float(th.min_neg[e]),
