@@ -8,12 +8,12 @@ killed sweep resumes where it stopped and no cell is written twice.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import pathlib
 import time
 
-import numpy as np
 from prefect import flow, task
 from prefect.futures import as_completed
 
@@ -29,6 +29,7 @@ from storage.store import Store
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
+@functools.lru_cache(maxsize=1)
 def code_fingerprint() -> str:
     """Hash of the kernels and experiment definitions (the 'task source' of a bundle)."""
     h = hashlib.sha256()
@@ -127,9 +128,9 @@ def execute(cfg: config_mod.Config, store_path: str, force: bool) -> dict:
             cells = [cell for _, cell in b]
             ckpt = checkpoint_io.path_for(store_path, cfg.name, bundle_id(cfg.experiment, cells))
             fut = task_fn.submit(cfg.experiment, cells, device, ckpt if cfg.exp.checkpoints else None)
-            futures[fut] = b
+            futures[fut] = (b, ckpt)
     for fut in as_completed(list(futures)):
-        bundle = futures[fut]
+        bundle, ckpt = futures[fut]
         try:
             results = fut.result()
         except (ValueError, TypeError, KeyError, UserError) as err:  # bad input: not retried
@@ -142,8 +143,7 @@ def execute(cfg: config_mod.Config, store_path: str, force: bool) -> dict:
                 stats["written"] += 1
             else:
                 stats["refused_done"] += 1
-        checkpoint_io.remove(checkpoint_io.path_for(store_path, cfg.name,
-                                                     bundle_id(cfg.experiment, [cell for _, cell in bundle])))
+        checkpoint_io.remove(ckpt)
         progress.advance(len(bundle))
     stats["wall_s"] = time.perf_counter() - t0
     return stats
@@ -155,7 +155,3 @@ def run(cfg: config_mod.Config, store_path: str, force: bool = False) -> dict:
     raw = dict(cfg.to_dict(), _text=cfg.text)
     raw.pop("store")
     return sweep.with_options(task_runner=runner, flow_run_name=f"{cfg.name}")(raw, store_path, force)
-
-
-def to_jsonable(stats: dict) -> dict:
-    return {k: (float(v) if isinstance(v, np.floating) else v) for k, v in stats.items()}

@@ -47,7 +47,7 @@ P = {
 V = {
     "m_used": Var("1", "number of training samples m", "int64"),
     "iters": Var("1", "training iterations taken", "int64"),
-    "status": Var("1", "0 running, 1 converged, 2 max_iters, 3 dead network, 4 diverged", "int8"),
+    "status": Var("1", ", ".join(f"{k} {v}" for k, v in train.STATUS_NAMES.items()), "int8"),
     "log10_loss": Var("log10", "final full-data mean loss, log10"),
     "train_acc": Var("1", "fraction of training samples with y N(x) > 0"),
     "q_min": Var("1", "smallest margin y_i N(x_i) (raw parameters)"),
