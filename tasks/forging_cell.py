@@ -30,7 +30,7 @@ OUTPUTS = (
     "log_bound", "log_bound_eq16", "log_bound_eq17_paper", "log_bound_eq17_corrected", "log_bound_thm2",
     "n_gradient_evals", "n_hits", "nullity", "nullity_loose", "m0_sigma_min", "m0_sigma_max",
     "predicted_exponent", "thm2_exponent", "tube_exponent", "grad_norm", "lipschitz_estimate",
-    "status", "min_level", "wall_time",
+    "status", "min_level", "importance_ess", "importance_khat", "wall_time",
 )
 
 
@@ -62,7 +62,8 @@ def _slab_bounds(model, x_star, d, R, eps, G) -> dict[str, float]:
 
 def forging_cell(*, model: str, d: int, eps: float, R: float = 1.0, A: float = 1.0, width: int = 8,
                  domain: str = "slab", label: str = "sampled", estimator: str = "exact", m: int = 1, B: int = 1,
-                 n_samples: int = 100_000, n_repeats: int = 10, p0: float = 0.1, model_seed: int = 0,
+                 n_samples: int = 100_000, n_repeats: int = 10, p0: float = 0.1, n_importance: int = 200_000,
+                 model_seed: int = 0,
                  seed: int = 0, lipschitz_pairs: int = 256) -> dict[str, float]:
     """Estimate log mu(S_eps) for one configuration and evaluate bounds, nullity and exponents."""
     t0 = time.perf_counter()
@@ -123,12 +124,14 @@ def forging_cell(*, model: str, d: int, eps: float, R: float = 1.0, A: float = 1
         problem = ball_problem(mdl.loss, mdl.w, x_star, R) if m == 1 else \
             batch_problem(mdl.loss, mdl.w, x_star, m, B, R)
     est = ESTIMATORS[estimator](problem, eps, generator=torch.Generator().manual_seed(int(seed)),
-                                n_samples=int(n_samples), n_repeats=int(n_repeats), p0=float(p0))
+                                n_samples=int(n_samples), n_repeats=int(n_repeats), p0=float(p0),
+                                n_importance=int(n_importance))
     out.update(log_volume=est.log_volume, log_volume_stderr=est.log_volume_stderr,
                n_gradient_evals=float(est.n_gradient_evals), n_hits=float(est.n_hits),
                log_probability=est.log_volume - log_ref,
                status=1.0 if est.extra.get("unbounded") else 2.0 if est.extra.get("stalled") else 0.0,
-               min_level=est.extra.get("min_level", math.nan))
+               min_level=est.extra.get("min_level", math.nan),
+               importance_ess=est.extra.get("ess", math.nan), importance_khat=est.extra.get("pareto_khat", math.nan))
     return _finish(out, t0)
 
 
@@ -145,5 +148,6 @@ def cell_cost(cell: dict) -> float:
     n = float(cell.get("n_samples", 1e5))
     if est == "naive_mc":
         return 2.0 * n
+    extra = float(cell.get("n_importance", 2e5)) if est == "subset_importance" else 0.0
     levels = max(1.0, cell.get("d", 2) * math.log10(max(cell.get("A", 1.0) / cell.get("eps", 0.1), 10.0)))
-    return float(cell.get("n_repeats", 10)) * n * (1.0 + 0.9 * levels) * np.sqrt(cell.get("m", 1))
+    return (float(cell.get("n_repeats", 10)) * n * (1.0 + 0.9 * levels) + extra) * np.sqrt(cell.get("m", 1))

@@ -57,6 +57,9 @@ class ForgingProblem:
     evals_per_point: int  # gradient evaluations per evaluated point
     eps_max: float = math.inf
     description: str = ""
+    # latent blocks [start, stop) that `evaluate` uses only through their direction ξ/||ξ|| (the ball
+    # maps below): subset_importance proposes them on the sphere (tasks/forging_importance.py)
+    sphere_blocks: tuple[tuple[int, int], ...] = ()
 
     def weight(self, g: torch.Tensor, scale: torch.Tensor, eps: float) -> torch.Tensor:
         if self.kind == "indicator":
@@ -120,7 +123,7 @@ def slab_problem(model: SquaredLossModel, x_star: torch.Tensor, R: float, label:
             return g, scale
 
         return ForgingProblem(d + 1, evaluate, "interval", log_Zq, 1, math.inf,
-                              f"{model.name} slab, label integrated (R={R})")
+                              f"{model.name} slab, label integrated (R={R})", ((1, d + 1),))
     if label != "sampled":
         raise ValueError(f"label must be 'integrated' or 'sampled', got {label!r}")
     if not math.isfinite(eps_max):
@@ -136,11 +139,12 @@ def slab_problem(model: SquaredLossModel, x_star: torch.Tensor, R: float, label:
         return g, z.norm(dim=1) / hn
 
     return ForgingProblem(d + 2, evaluate_joint, "indicator", math.log(2 * S) + log_Zq, 2, eps_max,
-                          f"{model.name} slab, label sampled (R={R}, S={S:.4g})")
+                          f"{model.name} slab, label sampled (R={R}, S={S:.4g})", ((1, d + 1),))
 
 
 def _point_problem(loss: Callable, w: torch.Tensor, x_star: torch.Tensor, law: Callable, latent_dim: int,
-                   log_measure: float, description: str) -> ForgingProblem:
+                   log_measure: float, description: str,
+                   sphere_blocks: tuple[tuple[int, int], ...] = ()) -> ForgingProblem:
     g_star = grad(loss, argnums=0)(w, x_star)
     per_point = torch.vmap(grad(loss, argnums=0), in_dims=(None, 0))
 
@@ -148,7 +152,7 @@ def _point_problem(loss: Callable, w: torch.Tensor, x_star: torch.Tensor, law: C
         g = (per_point(w, law(xi)) - g_star).norm(dim=1)
         return g, torch.ones_like(g)
 
-    return ForgingProblem(latent_dim, evaluate, "indicator", log_measure, 1, math.inf, description)
+    return ForgingProblem(latent_dim, evaluate, "indicator", log_measure, 1, math.inf, description, sphere_blocks)
 
 
 def ball_problem(loss: Callable, w: torch.Tensor, x_star: torch.Tensor, R: float,
@@ -158,7 +162,7 @@ def ball_problem(loss: Callable, w: torch.Tensor, x_star: torch.Tensor, R: float
     c = x_star if center is None else center
     D = c.numel()
     return _point_problem(loss, w, x_star, lambda xi: c + _ball_points(xi, R, D), D + 1,
-                          log_ball_volume(D, R), f"ball B_{R}(center) in R^{D}")
+                          log_ball_volume(D, R), f"ball B_{R}(center) in R^{D}", ((1, D + 1),))
 
 
 def batch_problem(loss: Callable, w: torch.Tensor, x_star: torch.Tensor, m: int, B: int, R: float,
@@ -178,7 +182,8 @@ def batch_problem(loss: Callable, w: torch.Tensor, x_star: torch.Tensor, m: int,
         return g, torch.ones_like(g)
 
     return ForgingProblem(m * (D + 1), evaluate, "indicator", m * log_ball_volume(D, R), m, math.inf,
-                          f"batch m={m}, B={B}, D2=B_{R}(center)^m")
+                          f"batch m={m}, B={B}, D2=B_{R}(center)^m",
+                          tuple((j * (D + 1) + 1, (j + 1) * (D + 1)) for j in range(m)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -200,7 +205,7 @@ def cylinder_problem(loss: Callable, w: torch.Tensor, x_star: torch.Tensor, R1: 
         t = R2 * (2.0 * _ndtr(xi[:, -1:]) - 1.0)
         return torch.cat([z, t], 1)
 
-    return _point_problem(loss, w, x_star, law, d + 2, 0.0, f"uniform on B_{R1} x [-{R2}, {R2}]")
+    return _point_problem(loss, w, x_star, law, d + 2, 0.0, f"uniform on B_{R1} x [-{R2}, {R2}]", ((1, d + 1),))
 
 
 def gaussian_problem(loss: Callable, w: torch.Tensor, x_star: torch.Tensor) -> ForgingProblem:
@@ -302,6 +307,14 @@ class _Stalled(Exception):
 def subset_simulation(problem: ForgingProblem, eps: float, *, generator: torch.Generator, n_samples: int = 2000,
                       n_repeats: int = 10, p0: float = 0.1, max_levels: int = 400, target_accept: float = 0.44,
                       **_: object) -> VolumeEstimate:
+    """Subset simulation (see :func:`subset_simulation_samples`, which also returns the final samples)."""
+    return subset_simulation_samples(problem, eps, generator=generator, n_samples=n_samples, n_repeats=n_repeats,
+                                     p0=p0, max_levels=max_levels, target_accept=target_accept)[0]
+
+
+def subset_simulation_samples(problem: ForgingProblem, eps: float, *, generator: torch.Generator,
+                              n_samples: int = 2000, n_repeats: int = 10, p0: float = 0.1, max_levels: int = 400,
+                              target_accept: float = 0.44) -> tuple[VolumeEstimate, torch.Tensor | None, torch.Tensor | None]:
     """Subset simulation (Au & Beck 2001) in the unbiased fixed-level form (spec §6.5).
 
     1. A pilot run (adaptive: each level is the p0-quantile of g, pCN scale adapted towards
@@ -316,6 +329,9 @@ def subset_simulation(problem: ForgingProblem, eps: float, *, generator: torch.G
     Gradient evaluations include the pilot. If the pilot's level stops decreasing above eps (eps below
     the minimum of g on the domain, e.g. no exact forger inside it), the result is NaN with
     ``extra["stalled"] = True`` and the lowest level reached.
+
+    Returns (estimate, latents (M, k), g (M,)) of the last level's samples of the runs still alive
+    (None, None if there are none); ``subset_importance`` fits its proposal to them.
     """
     _check_eps(problem, eps)
     if not 0 < p0 < 1:
@@ -329,7 +345,7 @@ def subset_simulation(problem: ForgingProblem, eps: float, *, generator: torch.G
         levels, sigmas, evals = _levels_pilot(problem, eps, n_samples, n_seed, max_levels, target_accept, generator)
     except _Stalled as st:  # report, do not guess: NaN volume, the level where it stopped
         return VolumeEstimate("subset_simulation", math.nan, math.nan, st.evals, 0, math.nan,
-                              {"stalled": True, "min_level": st.level})
+                              {"stalled": True, "min_level": st.level}), None, None
     R, N, k, steps = int(n_repeats), int(n_samples), problem.latent_dim, n_samples // n_seed
     dt = torch.float64
 
@@ -367,20 +383,22 @@ def subset_simulation(problem: ForgingProblem, eps: float, *, generator: torch.G
         xi, g, scale = (torch.cat(t, 1) for t in zip(*chain))
     W = problem.weight(g, scale, eps)
     hits = int((g <= eps)[alive].sum())
+    samples = (xi[alive].reshape(-1, k), g[alive].reshape(-1)) if alive.any() else (None, None)
     log_runs = torch.where(alive, log_p + torch.log(W.mean(1)), torch.full_like(log_p, -math.inf))
     evals += n_eval * problem.evals_per_point
     extra = {"n_levels": len(levels), "levels": levels, "sigmas": sigmas,
              "log_runs": (log_runs + problem.log_measure).tolist()}
     if torch.isposinf(log_runs).any():
         return VolumeEstimate("subset_simulation", math.inf, math.nan, evals, hits, math.inf,
-                              dict(extra, unbounded=True))
+                              dict(extra, unbounded=True)), *samples
     log_mean = float(torch.logsumexp(log_runs, 0)) - math.log(R)
     if not math.isfinite(log_mean):
-        return VolumeEstimate("subset_simulation", -math.inf, math.nan, evals, 0, -math.inf, extra)
+        return VolumeEstimate("subset_simulation", -math.inf, math.nan, evals, 0, -math.inf, extra), *samples
     rel = torch.exp(log_runs - log_mean)  # p_r / mean
     se_log = float(rel.std(unbiased=True)) / math.sqrt(R)
     extra["cv_single_run"] = se_log * math.sqrt(R)
-    return VolumeEstimate("subset_simulation", problem.log_measure + log_mean, se_log, evals, hits, log_mean, extra)
+    return (VolumeEstimate("subset_simulation", problem.log_measure + log_mean, se_log, evals, hits, log_mean, extra),
+            *samples)
 
 
 ESTIMATORS: dict[str, Callable[..., VolumeEstimate]] = {
@@ -406,3 +424,6 @@ def fit_log_slope(eps: np.ndarray, log_volume: np.ndarray) -> tuple[float, float
     s2 = float(np.sum((y - X @ coef) ** 2)) / (len(x) - 2)
     se = math.sqrt(s2 / float(np.sum((x - x.mean()) ** 2)))
     return float(coef[0]), float(coef[1]), se
+
+
+from tasks import forging_importance as _forging_importance  # noqa: E402,F401  (registers subset_importance)

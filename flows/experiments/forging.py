@@ -36,7 +36,10 @@ P = {
                        choices=("exact", *ESTIMATORS)),
     "m": Param(int, 1, "copies of x* replaced in the batch (§5, D000-6); m > 1 needs domain=ball", min=1),
     "B": Param(int, 1, "batch size B of batch SGD (§5); must be >= m", min=1),
-    "n_samples": Param(int, 100_000, "naive_mc: samples; subset_simulation: samples per level and run", min=10),
+    "n_samples": Param(int, 100_000, "naive_mc: samples; subset_simulation / subset_importance: samples per "
+                       "level and run", min=10),
+    "n_importance": Param(int, 200_000, "subset_importance: importance-sampling draws after the subset-simulation "
+                          "pilot (20% of them adapt the proposal)", min=100),
     "n_repeats": Param(int, 10, "subset_simulation: independent runs for the stated stderr (>= 10, spec §5)", min=2),
     "p0": Param(float, 0.1, "subset_simulation: level probability", gt=0, max=0.5),
     "model_seed": Param(int, 0, "seed of w, x* (and of the Lipschitz estimate)", min=0),
@@ -73,6 +76,9 @@ V = {
     "status": Var("1", "0 ok, 1 unbounded (ReLU, eps >= ||∇f(x*)||, P000-10), 2 subset simulation stalled "
                   "(eps below min of the mismatch on the domain)"),
     "min_level": Var("1", "status 2: lowest mismatch level reached"),
+    "importance_ess": Var("1", "subset_importance: effective sample size of the final importance weights"),
+    "importance_khat": Var("1", "subset_importance: Pareto k-hat of the weight tail (> 0.7: stated stderr "
+                           "unreliable)"),
     "wall_time": Var("s", "wall time of the cell"),
 }
 assert set(V) == set(OUTPUTS)
@@ -91,7 +97,7 @@ def check(cell: dict) -> None:
         raise ConfigError("domain", "batch forging (m > 1) needs domain 'ball'")
     if cell["B"] < cell["m"]:
         raise ConfigError("B", f"batch size B = {cell['B']} must be >= m = {cell['m']}")
-    if cell["estimator"] == "subset_simulation":
+    if cell["estimator"] in ("subset_simulation", "subset_importance"):
         n_seed = round(cell["p0"] * cell["n_samples"])
         if n_seed < 1 or cell["n_samples"] % n_seed or n_seed == cell["n_samples"]:
             raise ConfigError("n_samples", f"must be a multiple of p0·n_samples (= {n_seed}) and larger than it")
