@@ -40,8 +40,8 @@ P = {
                        "level and run", min=10),
     "n_importance": Param(int, 200_000, "subset_importance: importance-sampling draws after the subset-simulation "
                           "pilot (20% of them adapt the proposal)", min=100),
-    "n_repeats": Param(int, 10, "subset_simulation: independent runs for the stated stderr (>= 10, spec §5)", min=2),
-    "p0": Param(float, 0.1, "subset_simulation: level probability", gt=0, max=0.5),
+    "n_repeats": Param(int, 10, "subset_simulation / subset_importance: independent runs (>= 10, spec §5)", min=2),
+    "p0": Param(float, 0.1, "subset_simulation / subset_importance: level probability", gt=0, max=0.5),
     "model_seed": Param(int, 0, "seed of w, x* (and of the Lipschitz estimate)", min=0),
     "seed": Param(int, 0, "seed of the estimator's random numbers", min=0),
     "lipschitz_pairs": Param(int, 256, "ball domain: random pairs/directions for the estimate of L", min=1),
@@ -113,7 +113,8 @@ def run_bundle(cells: list[dict], device: str = "auto") -> list[dict]:
 EXPERIMENT = register(Experiment(
     name="forging",
     paper="000 Dixit, Hui, Saab: The Measure of Deception (data forging in machine unlearning)",
-    description="log volume of the eps-forging set: exact (linreg), naive MC, subset simulation; bounds, nullity",
+    description="log volume of the eps-forging set: exact (linreg), naive MC, subset simulation (+ importance "
+                "sampling); bounds, nullity",
     params=P, variables=V, run_bundle=run_bundle, cost=cell_cost, check=check,
     summary=("log_volume", "log_volume_stderr", "log_volume_exact", "log_bound", "n_gradient_evals", "nullity",
              "status"),
