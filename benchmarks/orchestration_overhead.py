@@ -14,12 +14,17 @@ taken out. Default W = 1: the direct call computes on one core, so does the swee
 second core hosts the orchestration (flow process, Prefect server, scheduler). Also runs one
 large sweep of tiny cells in large bundles, to report the largest sweep scheduled in the run.
 
-    python benchmarks/orchestration_overhead.py [--workers 2] [--quick]
+With ``--cluster address`` the sweeps run on a persistent cluster (a ``dask scheduler`` and W
+``dask worker`` processes started once, as in served mode), so the start-up left is the flow run's
+own; results go to ``results/orchestration_overhead_address.json``.
+
+    python benchmarks/orchestration_overhead.py [--workers 2] [--quick] [--cluster address]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import pathlib
 import sys
@@ -47,13 +52,19 @@ def calibrate(seconds: float) -> int:
         n *= 4
 
 
+ADDRESS: str | None = None  # set by --cluster address
+
+
 def sweep(n_cells: int, n_matmuls: int, workers: int, bundle_size: int, tmp: str) -> tuple[float, dict]:
     from flows.sweep import run
     from kktlab import config
 
+    runner = {"workers": workers, "bundle_size": bundle_size}
+    if ADDRESS:
+        runner.update(cluster="address", address=ADDRESS)
     cfg = config.parse({"experiment": "calibrate", "name": f"c{n_matmuls}x{n_cells}",
                         "grid": {"seed": list(range(n_cells))}, "params": {"n_matmuls": n_matmuls},
-                        "runner": {"workers": workers, "bundle_size": bundle_size}})
+                        "runner": runner})
     t0 = time.perf_counter()
     stats = run(cfg, os.path.join(tmp, "bench.zarr"))
     return time.perf_counter() - t0, stats
@@ -80,30 +91,61 @@ def settle(max_s: float = 60.0) -> float:
     return time.perf_counter() - t0
 
 
+@contextlib.contextmanager
+def persistent_cluster(workers: int, tmp: str):
+    """A `dask scheduler` and `workers` `dask worker` processes on 127.0.0.1, started once."""
+    from tests import services
+
+    global ADDRESS
+    port = services.free_port()
+    procs = [services.dask_scheduler(pathlib.Path(tmp), port)]
+    ADDRESS = f"tcp://127.0.0.1:{port}"
+    try:
+        procs += [services.dask_worker(pathlib.Path(tmp), ADDRESS, f"w{i}") for i in range(workers)]
+        services.wait_workers(ADDRESS, workers)
+        yield ADDRESS
+    finally:
+        for p in reversed(procs):
+            services.stop(p)
+        ADDRESS = None
+
+
 def measure(a, sizes, tmp) -> tuple[list[dict], dict, float]:
     rows = []
-    with runtime.prefect_api():
+    with runtime.prefect_api(), (persistent_cluster(a.workers, tmp) if a.cluster == "address"
+                                 else contextlib.nullcontext()):
         sweep(2, 1, a.workers, 1, tmp)  # warm-up: imports, first flow run
         settle()
         startup = min(sweep(1, 0, a.workers, 1, f"{tmp}/s{i}")[0] for i in range(2) if settle() >= 0)
         print(f"start-up of an empty sweep (cluster, workers, flow run): {startup:.1f} s", flush=True)
         for seconds, n_cells in sizes:
             n_mm = calibrate(seconds)
-            t0 = time.perf_counter()
-            for s in range(n_cells):
-                busy(n_mm, s)
-            direct = time.perf_counter() - t0
+
+            def direct_run() -> float:
+                t0 = time.perf_counter()
+                for s in range(n_cells):
+                    busy(n_mm, s)
+                return time.perf_counter() - t0
+
+            before = direct_run()
+            sweeps = {}
             for bundle_size in (64, 1):  # default bundling / one Prefect task per cell (worst case)
                 waited = settle()
-                t_sweep, stats = sweep(n_cells, n_mm, a.workers, bundle_size, f"{tmp}/b{bundle_size}")
+                sweeps[bundle_size] = (*sweep(n_cells, n_mm, a.workers, bundle_size, f"{tmp}/b{bundle_size}"), waited)
+            after = direct_run()  # the VM's speed drifts: the reference is the mean of both sides
+            direct = 0.5 * (before + after)
+            for bundle_size, (t_sweep, stats, waited) in sweeps.items():
                 ideal = direct / a.workers
                 row = {"cell_s": direct / n_cells, "cells": n_cells, "bundle_size": bundle_size,
-                       "bundles": stats["bundles"], "direct_s": direct, "sweep_s": t_sweep, "ideal_parallel_s": ideal,
+                       "bundles": stats["bundles"], "direct_s": direct, "direct_before_s": before,
+                       "direct_after_s": after, "direct_spread_fraction": abs(after - before) / direct,
+                       "sweep_s": t_sweep, "ideal_parallel_s": ideal,
                        "startup_s": startup, "overhead_fraction": t_sweep / ideal - 1,
                        "steady_overhead_fraction": (t_sweep - startup) / ideal - 1, "written": stats["written"],
                        "settle_before_s": waited}
                 rows.append(row)
-                print(f"cell {row['cell_s']:.2f} s x {n_cells} in {stats['bundles']} bundles: direct {direct:.1f} s, "
+                print(f"cell {row['cell_s']:.2f} s x {n_cells} in {stats['bundles']} bundles: direct {direct:.1f} s "
+                      f"({before:.1f} before, {after:.1f} after), "
                       f"sweep {t_sweep:.1f} s on {a.workers} workers (ideal {ideal:.1f} s) -> overhead "
                       f"{100 * row['overhead_fraction']:.1f}% ({100 * row['steady_overhead_fraction']:.1f}% without "
                       f"the {startup:.1f} s start-up)", flush=True)
@@ -117,6 +159,8 @@ def main(argv=None):
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--quick", action="store_true", help="0.1 s and 1 s cells only, fewer cells")
     ap.add_argument("--big", type=int, default=5000, help="cells of the large tiny-cell sweep")
+    ap.add_argument("--cluster", choices=("local", "address"), default="local",
+                    help="local: a LocalCluster per sweep (default); address: one persistent dask cluster")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
     sizes = [(0.1, 30), (1.0, 10)] if a.quick else [(0.1, 60), (1.0, 30), (10.0, 6)]
@@ -129,8 +173,8 @@ def main(argv=None):
     bundled = {round(r["cell_s"], 1): r for r in rows if r["bundle_size"] == 64}
     task_cost = [(per_cell[k]["sweep_s"] - bundled[k]["sweep_s"]) / max(per_cell[k]["bundles"] - bundled[k]["bundles"], 1)
                  for k in per_cell if k in bundled]
-    path = write("orchestration_overhead", {
-        "workers": a.workers, "rows": rows,
+    path = write("orchestration_overhead" + ("_address" if a.cluster == "address" else ""), {
+        "workers": a.workers, "cluster": a.cluster, "rows": rows,
         "largest_sweep": {"cells": big["written"], "bundles": big["bundles"], "wall_s": t_big},
         "target": "overhead <= 5% for cells >= 1 s with kktlab's default bundling (steady state; start-up "
                   "reported separately, and the overhead including it too); bundle_size=1 rows price one "

@@ -14,19 +14,10 @@ from tasks.forging_estimators import ESTIMATORS, ball_problem, slab_problem, sub
 from tasks.forging_exact import linreg_log_region_measure, linreg_log_volume
 from tasks.forging_importance import fit_proposal, pareto_khat, subset_importance
 from tasks.forging_models import make_model, make_target
+from tests.test_forging_estimators import _gen, _linreg
 
 EPS_1E12 = 0.0800274368382336  # d = 10, A = R = 1: forging probability 1e-12 (benchmark setting)
 EPS_1E30 = 0.0012590837564593613  # probability 1e-30
-
-
-def _linreg(d, A=1.0, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    model = make_model("linreg", d, 0, gen)
-    return model, make_target(model, A, gen)
-
-
-def _gen(seed):
-    return torch.Generator().manual_seed(seed)
 
 
 @pytest.mark.parametrize("eps,p", [(EPS_1E12, 1e-12), (EPS_1E30, 1e-30)])
