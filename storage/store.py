@@ -61,7 +61,8 @@ class Store:
     def __init__(self, path: str | pathlib.Path, group: str):
         self.path = pathlib.Path(path)
         self.group_name = group
-        self._arrays: dict[str, zarr.Array] = {}  # opened once for writing (metadata reads cost ~3 ms each)
+        self._group_rw: zarr.Group | None = None  # opened once for writing, with its arrays
+        self._arrays: dict[str, zarr.Array] = {}  # (each metadata read costs ~3 ms)
 
     # --- creation / checks -----------------------------------------------------------------
     def identity(self, exp: Experiment, grid: dict[str, list], params: dict) -> dict:
@@ -151,9 +152,9 @@ class Store:
         return True
 
     def _array(self, name: str) -> zarr.Array:
+        if self._group_rw is None:
+            self._group_rw = self.group("r+")
         if name not in self._arrays:
-            if not self._arrays:
-                self._group_rw = self.group("r+")
             self._arrays[name] = self._group_rw[name]
         return self._arrays[name]
 

@@ -45,6 +45,14 @@ DT = torch.float64
 NU = 3  # Student-t degrees of freedom (integer: chi² drawn as a sum of squared normals)
 
 
+def _free_latents(k: int, blocks) -> torch.Tensor:
+    """Indices of the latents outside every sphere block (proposed as plain coordinates)."""
+    in_block = torch.zeros(k, dtype=torch.bool)
+    for a, b in blocks:
+        in_block[a:b] = True
+    return (~in_block).nonzero().squeeze(1)
+
+
 class Proposal:
     """Defensive mixture alpha·(nominal law) + (1 − alpha)·Σ_c π_c q_c on the latent space."""
 
@@ -52,10 +60,7 @@ class Proposal:
                  means: torch.Tensor, chols: torch.Tensor, centres: list[torch.Tensor], bases: list[torch.Tensor],
                  alpha: float):
         self.k, self.blocks, self.alpha = latent_dim, blocks, alpha
-        in_block = torch.zeros(latent_dim, dtype=torch.bool)
-        for a, b in blocks:
-            in_block[a:b] = True
-        self.free = (~in_block).nonzero().squeeze(1)
+        self.free = _free_latents(latent_dim, blocks)
         self.pi, self.mean, self.chol = weights, means, chols  # (K,), (K, D), (K, D, D)
         self.centres, self.bases = centres, bases  # per block: (K, k_b), (K, k_b, k_b - 1)
         self.D = means.shape[1]
@@ -86,9 +91,9 @@ class Proposal:
         log_t = const - logdet[:, None] - 0.5 * (NU + D) * torch.log1p(m / NU)
         return torch.where(valid, log_t + logjac, torch.full_like(log_t, -math.inf)) + torch.log(self.pi)[:, None]
 
-    def log_ratio(self, xi: torch.Tensor, log_comp: torch.Tensor | None = None) -> torch.Tensor:
+    def log_ratio(self, xi: torch.Tensor) -> torch.Tensor:
         """log(nominal density / proposal density) at latents xi, both in the reduced coordinates."""
-        log_comp = self.log_components(xi) if log_comp is None else log_comp
+        log_comp = self.log_components(xi)
         xf = xi[:, self.free]
         log_nominal = -0.5 * (xf * xf).sum(1) - 0.5 * xf.shape[1] * math.log(2 * math.pi)
         log_nominal = log_nominal - sum(log_sphere_area(b - a - 1) for a, b in self.blocks)
@@ -144,6 +149,11 @@ def _directions(X: torch.Tensor, blocks) -> list[torch.Tensor]:
     return [X[:, a:b] / X[:, a:b].norm(dim=1, keepdim=True) for a, b in blocks]
 
 
+def _groups(labels: torch.Tensor) -> list[torch.Tensor]:
+    """Member masks of the components with at least 2 samples."""
+    return [labels == j for j in range(int(labels.max()) + 1) if int((labels == j).sum()) >= 2]
+
+
 def _shrink_target(var: torch.Tensor, n_free: int, blocks) -> torch.Tensor:
     """Diagonal shrinkage target: each free latent keeps its variance, each block's chart coordinates
     get their mean variance (isotropic cap); zero variances get a tiny floor (units differ by block)."""
@@ -172,13 +182,13 @@ def fit_proposal(X: torch.Tensor, blocks: tuple[tuple[int, int], ...], generator
         K = 1
         while True:
             labels = _kmeans(F, K, generator) if K > 1 else torch.zeros(n, dtype=torch.long)
-            groups = [labels == j for j in range(int(labels.max()) + 1) if int((labels == j).sum()) >= 2]
+            groups = _groups(labels)
             tight = all(bool(((Ub[g].mean(0) / Ub[g].mean(0).norm()) @ Ub[g].T > min_cos).all())
                         for g in groups for Ub in U)
             if tight or K >= max_components or K >= n // 4:
                 break
             K *= 2
-    groups = [labels == j for j in range(int(labels.max()) + 1) if int((labels == j).sum()) >= 2]
+    groups = _groups(labels)
     w_all = torch.ones(n, dtype=DT) if weights is None else weights.to(DT)
     parts = [_fit_component(X[g], [Ub[g] for Ub in U], w_all[g], blocks) for g in groups]
     pi = torch.tensor([float(w_all[g].sum()) for g in groups], dtype=DT)
@@ -187,7 +197,7 @@ def fit_proposal(X: torch.Tensor, blocks: tuple[tuple[int, int], ...], generator
     # shrink each covariance towards the pooled within-component variances (free latents each, chart
     # blocks isotropic): a mode seen through one collapsed subset-simulation genealogy has a far too
     # narrow spread in the coordinates the level function ignores
-    n_free = X.shape[1] - sum(b - a for a, b in blocks)
+    n_free = _free_latents(k, blocks).numel()
     target = sum(p_c * _shrink_target(torch.diagonal(c[1]), n_free, blocks) for p_c, c in zip(pi, parts))
     chols = [torch.linalg.cholesky(((1 - shrink) * c[1] + shrink * torch.diag(target)) * inflate ** 2)
              for c in parts]
@@ -204,10 +214,7 @@ def _fit_component(X: torch.Tensor, U: list[torch.Tensor], w: torch.Tensor, bloc
         if float(wb.sum()) > 0 and float(wb.sum() ** 2 / (wb * wb).sum()) >= min(min_ess, 0.5 * len(w)):
             break
     wb = wb / wb.sum()
-    in_block = torch.zeros(X.shape[1], dtype=torch.bool)
-    for a, b in blocks:
-        in_block[a:b] = True
-    parts, centres, bases = [X[:, ~in_block]], [], []
+    parts, centres, bases = [X[:, _free_latents(X.shape[1], blocks)]], [], []
     for Ub in U:
         mu = (wb[:, None] * Ub).sum(0)
         mu = mu / mu.norm()
@@ -240,10 +247,18 @@ def pareto_khat(weights: np.ndarray) -> float:
     b = b / (3 * x[int(x.size / 4 + 0.5) - 1]) + 1 / x[-1]
     k = np.log1p(-b[:, None] * x).mean(1)
     ll = x.size * (np.log(-b / k) - k - 1)
-    wt = 1 / np.exp(ll - ll[:, None]).sum(1)
+    wt = np.exp(ll - ll.max())
     wt = wt / wt.sum()
     k_post = float(np.log1p(-(b * wt).sum() * x).mean())
     return (x.size * k_post + 10 * 0.5) / (x.size + 10)
+
+
+def _draw(proposal: Proposal, problem: ForgingProblem, eps: float, n: int, generator: torch.Generator):
+    """n proposal draws: latents, their level values g, weights W, and the importance weights W·φ/q."""
+    xi = proposal.sample(n, generator)
+    g, scale = problem.evaluate(xi)
+    W = problem.weight(g, scale, eps)
+    return xi, g, W, torch.where(W > 0, W * torch.exp(proposal.log_ratio(xi)), torch.zeros_like(W))
 
 
 def subset_importance(problem: ForgingProblem, eps: float, *, generator: torch.Generator, n_samples: int = 1000,
@@ -270,26 +285,20 @@ def subset_importance(problem: ForgingProblem, eps: float, *, generator: torch.G
     for _stage in range(adapt_stages if n_adapt >= 100 else 0):
         # population Monte Carlo: refit to the weighted draws (labels = most responsible component);
         # these draws only shape the proposal, the estimate uses the last stage alone (unbiased)
-        xi = proposal.sample(n_adapt, generator)
-        gv, scale = problem.evaluate(xi)
-        W = problem.weight(gv, scale, eps)
+        xi, _, W, w = _draw(proposal, problem, eps, n_adapt, generator)
         adapt_evals += n_adapt * problem.evals_per_point
         keep = W > 0
         if int(keep.sum()) < 20:
             break
-        xi = xi[keep]
-        log_comp = proposal.log_components(xi)
-        w = W[keep] * torch.exp(proposal.log_ratio(xi, log_comp))
-        proposal = fit_proposal(xi, problem.sphere_blocks, generator, alpha=alpha, weights=w / w.max(),
-                                labels=log_comp.argmax(0))
+        labels = proposal.log_components(xi[keep]).argmax(0)
+        proposal = fit_proposal(xi[keep], problem.sphere_blocks, generator, alpha=alpha,
+                                weights=w[keep] / w[keep].max(), labels=labels)
     n_final = int(n_importance) - adapt_evals // problem.evals_per_point
     parts, hits = [], 0
     for start in range(0, n_final, chunk):
-        xi = proposal.sample(min(chunk, n_final - start), generator)
-        gv, scale = problem.evaluate(xi)
-        W = problem.weight(gv, scale, eps)
-        parts.append(torch.where(W > 0, W * torch.exp(proposal.log_ratio(xi)), torch.zeros_like(W)))
-        hits += int((gv <= eps).sum())
+        _, g_draw, _, w_draw = _draw(proposal, problem, eps, min(chunk, n_final - start), generator)
+        parts.append(w_draw)
+        hits += int((g_draw <= eps).sum())
     w = torch.cat(parts)
     n = w.numel()
     evals = ss.n_gradient_evals + adapt_evals + n * problem.evals_per_point
@@ -302,8 +311,7 @@ def subset_importance(problem: ForgingProblem, eps: float, *, generator: torch.G
     if mean <= 0:
         return VolumeEstimate("subset_importance", -math.inf, math.nan, evals, 0, -math.inf, extra)
     se = float(w.std()) / math.sqrt(n) / mean
-    wn = w.numpy()
-    khat = pareto_khat(wn)
+    khat = pareto_khat(w.numpy())
     extra.update(ess=float(w.sum() ** 2 / (w * w).sum()), pareto_khat=khat,
                  reliable=bool(not math.isfinite(khat) or khat <= 0.7),
                  z_vs_subset_simulation=(math.log(mean) + problem.log_measure - ss.log_volume)
