@@ -11,8 +11,11 @@ export DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED := False
 export PREFECT_HOME ?= $(CURDIR)/.prefect
 PPORT   ?= 4200
 POOL    ?= kktlab-pool
+DPORT   ?= 8786
+DHOST   ?= 127.0.0.1
+GPU     ?=
 
-.PHONY: venv install run test test-fast bench server worker deploy clean
+.PHONY: venv install run test test-fast bench server worker deploy dask-scheduler dask-worker clean
 
 $(BIN)/kktlab: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -42,6 +45,13 @@ worker: install
 
 deploy: install
 	PREFECT_API_URL=http://127.0.0.1:$(PPORT)/api $(BIN)/python -m deploy.prefect_deploy --pool $(POOL)
+
+dask-scheduler: install
+	$(BIN)/python -m deploy.launch scheduler --host $(DHOST) --port $(DPORT)
+
+# one per GPU: CUDA_VISIBLE_DEVICES=i make dask-worker GPU=1
+dask-worker: install
+	$(BIN)/python -m deploy.launch worker tcp://$(DHOST):$(DPORT) --host $(DHOST) $(if $(GPU),--gpu)
 
 clean:
 	rm -rf results .prefect .pytest_cache

@@ -93,21 +93,17 @@ def settle(max_s: float = 60.0) -> float:
 
 @contextlib.contextmanager
 def persistent_cluster(workers: int, tmp: str):
-    """A `dask scheduler` and `workers` `dask worker` processes on 127.0.0.1, started once."""
-    from tests import services
+    """A `dask scheduler` and `workers` `dask worker` processes on 127.0.0.1, started once
+    (deploy/launch.py, as `make dask-scheduler` / `make dask-worker` start them)."""
+    from deploy import launch
 
     global ADDRESS
-    port = services.free_port()
-    procs = [services.dask_scheduler(pathlib.Path(tmp), port)]
-    ADDRESS = f"tcp://127.0.0.1:{port}"
-    try:
-        procs += [services.dask_worker(pathlib.Path(tmp), ADDRESS, f"w{i}") for i in range(workers)]
-        services.wait_workers(ADDRESS, workers)
-        yield ADDRESS
-    finally:
-        for p in reversed(procs):
-            services.stop(p)
-        ADDRESS = None
+    with launch.dask_cluster(workers, tmp) as (address, _, _):
+        ADDRESS = address
+        try:
+            yield address
+        finally:
+            ADDRESS = None
 
 
 def measure(a, sizes, tmp) -> tuple[list[dict], dict, float]:

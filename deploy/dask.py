@@ -51,6 +51,25 @@ def task_runner(runner: dict):
     )
 
 
+def worker_count(runner: dict) -> int:
+    """How many workers a sweep's bundles should spread over: the config's ``workers`` for local
+    and inline runners, the visible GPUs for ``cuda``, and for an ``address`` the worker threads
+    the scheduler has now (at least 1: workers that join later, e.g. SLURM jobs still queued,
+    still get bundles, just larger ones)."""
+    kind = runner["cluster"]
+    if kind in ("local", "inline"):
+        return runner["workers"]
+    if kind == "cuda":
+        import torch
+
+        return max(1, torch.cuda.device_count())
+    from distributed import Client
+
+    with Client(runner["address"], timeout=30) as client:
+        workers = client.scheduler_info(n_workers=-1)["workers"].values()
+        return max(1, sum(w.get("nthreads", 1) for w in workers))
+
+
 def resources_for(device: str) -> dict | None:
     """Dask resource annotation for a bundle: GPU bundles only run on GPU workers."""
     return GPU_RESOURCE if device == "cuda" else None

@@ -115,7 +115,7 @@ def execute(cfg: config_mod.Config, store_path: str, force: bool) -> dict:
         return stats
     budget = memory_budget(device, cfg.runner["workers"])
     bundles = make_bundles(cfg.exp, todo, cfg.runner["bundle_size"], memory_budget=budget,
-                           workers=cfg.runner["workers"] if cfg.runner["cluster"] in ("local", "inline") else 1)
+                           workers=dask_specs.worker_count(cfg.runner))
     stats["bundles"] = len(bundles)
     progress = Progress(total, total - len(todo), cfg.name)
     task_fn = run_bundle.with_options(retries=cfg.runner["retries"], refresh_cache=force)

@@ -4,8 +4,9 @@ Modules (pure torch/numpy/scipy, float64, log space, randomness only via passed 
   forging_exact       exact linreg volume (T000-2x quadrature + closed form), exact forgers (T000-1/3)
   forging_bounds      the paper's bounds (Props 2/4, Cor 1/2, Lemma 2, Thm 2-5, Eq 47), paper + corrected
   forging_models      models, batched membership (Eq 1), mixed Hessian M0, nullity, Lipschitz, batch (§5)
-  forging_estimators  ForgingProblem, ESTIMATORS = {naive_mc, subset_simulation, subset_importance}, slope fits
+  forging_estimators  ForgingProblem, naive_mc, subset_simulation, slope fits
   forging_importance  subset_importance: subset-simulation pilot + defensive Student-t importance sampling
+  forging_registry    ESTIMATORS: estimator name -> function (what configs name)
   forging_sgd         Fig 1 two-basin SGD trajectories (F000-1)
   forging_cell        one grid cell -> dict of stored numbers (used by flows/experiments/forging.py)
 """
@@ -16,4 +17,5 @@ from tasks.forging_estimators import *  # noqa: F401,F403
 from tasks.forging_exact import *  # noqa: F401,F403
 from tasks.forging_importance import *  # noqa: F401,F403
 from tasks.forging_models import *  # noqa: F401,F403
+from tasks.forging_registry import ESTIMATORS  # noqa: F401
 from tasks.forging_sgd import *  # noqa: F401,F403

@@ -18,10 +18,11 @@ import torch
 from torch.func import grad
 
 from tasks import forging_bounds as fb
-from tasks.forging_estimators import ESTIMATORS, ball_problem, batch_problem, slab_problem
+from tasks.forging_estimators import ball_problem, batch_problem, slab_problem
 from tasks.forging_exact import linreg_log_region_measure, linreg_log_volume, log_ball_volume
 from tasks.forging_models import (batch_mixed_hessian, estimate_lipschitz, make_model, make_target,
                                   mixed_hessian, nullity, relu_unbounded)
+from tasks.forging_registry import ESTIMATORS
 
 __all__ = ["forging_cell", "OUTPUTS"]
 

@@ -17,7 +17,7 @@ and a weight W:
   loss / centre), g(x) = ||∇_w f(w; x) - ∇_w f(w; x*)||, W = 1[g <= eps]; ``batch_problem`` is the
   §5 version on D2^m (Eq 41); ``cylinder_problem`` / ``gaussian_problem`` give probabilities (F000-5).
 
-Estimators (registered in :data:`ESTIMATORS`, same signature ``fn(problem, eps, *, generator,
+Estimators (registered by name in :data:`tasks.forging_registry.ESTIMATORS`, same signature ``fn(problem, eps, *, generator,
 n_samples, **options) -> VolumeEstimate``): ``naive_mc`` (plain MC average of W; on the integrated
 slab problem it is the Rao-Blackwellised MC of F000-3) and ``subset_simulation`` (adaptive levels
 p0 = 0.1, pCN moves seeded from all level samples (spec §6.6), ``n_repeats`` >= 10 independent runs
@@ -41,7 +41,7 @@ from tasks.forging_models import SquaredLossModel, batch_forging_mismatch, featu
 
 __all__ = [
     "ForgingProblem", "VolumeEstimate", "slab_problem", "ball_problem", "batch_problem",
-    "cylinder_problem", "gaussian_problem", "naive_mc", "subset_simulation", "ESTIMATORS",
+    "cylinder_problem", "gaussian_problem", "naive_mc", "subset_simulation",
     "fit_log_slope", "naive_mc_samples_for",
 ]
 
@@ -403,12 +403,6 @@ def subset_simulation_samples(problem: ForgingProblem, eps: float, *, generator:
             *samples)
 
 
-ESTIMATORS: dict[str, Callable[..., VolumeEstimate]] = {
-    "naive_mc": naive_mc,
-    "subset_simulation": subset_simulation,
-}
-
-
 def fit_log_slope(eps: np.ndarray, log_volume: np.ndarray) -> tuple[float, float, float]:
     """Least-squares fit log mu = slope · log eps + intercept over the finite entries (P000-5, P000-8).
 
@@ -427,5 +421,3 @@ def fit_log_slope(eps: np.ndarray, log_volume: np.ndarray) -> tuple[float, float
     se = math.sqrt(s2 / float(np.sum((x - x.mean()) ** 2)))
     return float(coef[0]), float(coef[1]), se
 
-
-from tasks import forging_importance as _forging_importance  # noqa: E402,F401  (registers subset_importance)

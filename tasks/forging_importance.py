@@ -35,7 +35,7 @@ import math
 import numpy as np
 import torch
 
-from tasks.forging_estimators import (ESTIMATORS, ForgingProblem, VolumeEstimate, _check_eps,
+from tasks.forging_estimators import (ForgingProblem, VolumeEstimate, _check_eps,
                                       subset_simulation_samples)
 from tasks.forging_exact import log_sphere_area
 
@@ -319,5 +319,3 @@ def subset_importance(problem: ForgingProblem, eps: float, *, generator: torch.G
     return VolumeEstimate("subset_importance", problem.log_measure + math.log(mean), se, evals, hits, math.log(mean),
                           extra)
 
-
-ESTIMATORS["subset_importance"] = subset_importance

@@ -12,10 +12,11 @@ import torch
 
 from tasks import forging_bounds as fb
 from tasks.forging_cell import forging_cell
-from tasks.forging_estimators import (ESTIMATORS, cylinder_problem, fit_log_slope, naive_mc, naive_mc_samples_for,
+from tasks.forging_estimators import (cylinder_problem, fit_log_slope, naive_mc, naive_mc_samples_for,
                                       slab_problem, subset_simulation)
 from tasks.forging_exact import linreg_log_region_measure, linreg_log_volume, log_ball_volume
 from tasks.forging_models import make_model, make_target
+from tasks.forging_registry import ESTIMATORS
 
 
 def _linreg(d, A=1.0, seed=0):

@@ -19,7 +19,8 @@ import pytest
 from flows import experiments
 from kktlab import config
 from storage.query import open_results, status
-from tests import services
+from deploy import dask as dask_specs
+from deploy import launch
 from tests.conftest import KKTLAB, ROOT, run_cli
 
 pytestmark = pytest.mark.requires_services
@@ -30,14 +31,14 @@ TINY = {"experiment": "nonrobust", "grid": {"d": [16], "seed": [0, 1]},
 
 
 def test_prefect_server_pool_worker_deployment_submit(tmp_path, write_config):
-    port = services.free_port()
-    server, env = services.prefect_server(tmp_path, port)
+    port = launch.free_port()
+    server, env = launch.prefect_server(tmp_path / "prefect-home", port, tmp_path / "server.log")
     worker = None
     try:
         dep = subprocess.run([*KKTLAB[:1], "-m", "deploy.prefect_deploy", "--pool", "kktlab-test"], cwd=ROOT,
                              env=dict(os.environ, **env), capture_output=True, text=True, timeout=120)
         assert dep.returncode == 0, dep.stderr[-2000:]
-        worker = services.start([f"{services.BIN}/prefect", "worker", "start", "--pool", "kktlab-test",
+        worker = launch.start([f"{launch.BIN}/prefect", "worker", "start", "--pool", "kktlab-test",
                                  "--type", "process"], tmp_path / "pworker.log", env)
         path = write_config(dict(TINY, name="served"))
         store = tmp_path / "served.zarr"
@@ -62,19 +63,14 @@ def test_prefect_server_pool_worker_deployment_submit(tmp_path, write_config):
         assert any(a.type == "progress" and float(a.data) == 100.0 for a in artifacts)
     finally:
         if worker is not None:
-            services.stop(worker)
-        services.stop(server)
+            launch.stop(worker)
+        launch.stop(server)
 
 
 def test_sweep_survives_sigkill_of_a_dask_worker(tmp_path, write_config, prefect_server):
-    port = services.free_port()
-    address = f"tcp://127.0.0.1:{port}"
-    sched = services.dask_scheduler(tmp_path, port)
-    workers = []
-    try:
-        time.sleep(1)
-        workers = [services.dask_worker(tmp_path, address, f"w{i}") for i in range(2)]
-        services.wait_workers(address, 2)
+    with launch.dask_cluster(2, tmp_path) as (address, _, workers):
+        # bundles are cut for the workers the scheduler has (at least one each)
+        assert dask_specs.worker_count({"cluster": "address", "address": address}) == 2
         raw = dict(TINY, name="dk", grid={"d": [20], "seed": list(range(6))})
         raw["params"] = dict(TINY["params"], width=48, target_loss=1.0e-25)
         path = write_config(raw)
@@ -103,10 +99,6 @@ def test_sweep_survives_sigkill_of_a_dask_worker(tmp_path, write_config, prefect
             got = ds.sel(d=cell["d"], seed=cell["seed"])
             for name in ("c_star", "iters", "gamma", "kkt_eps", "margin_frac"):
                 np.testing.assert_allclose(float(got[name]), float(ref[name]), rtol=1e-9, err_msg=name)
-    finally:
-        for w in workers:
-            services.stop(w, grace=1)
-        services.stop(sched, grace=1)
 
 
 def test_two_experiments_into_one_store_concurrently(tmp_path, write_config, prefect_server):

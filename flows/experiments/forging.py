@@ -17,7 +17,7 @@ from __future__ import annotations
 from flows.experiments import Experiment, Param, Var, register
 from kktlab.errors import ConfigError
 from tasks.forging_cell import OUTPUTS, cell_cost, forging_cell
-from tasks.forging_estimators import ESTIMATORS
+from tasks.forging_registry import ESTIMATORS
 from tasks.forging_models import MODELS
 
 P = {

@@ -1,0 +1,18 @@
+"""Forging-volume estimators by name (spec 000 §6), one function each with one signature:
+``fn(problem, eps, *, generator, n_samples, **options) -> VolumeEstimate``.
+
+A new estimator is a function in its own module plus one line here; configs name it in the
+``estimator`` grid axis (``exact`` is the closed form, handled by ``forging_cell``)."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from tasks.forging_estimators import VolumeEstimate, naive_mc, subset_simulation
+from tasks.forging_importance import subset_importance
+
+ESTIMATORS: dict[str, Callable[..., VolumeEstimate]] = {
+    "naive_mc": naive_mc,                    # plain Monte Carlo (§6 item 1)
+    "subset_simulation": subset_simulation,  # multilevel splitting with pCN moves (§6 item 5a)
+    "subset_importance": subset_importance,  # splitting pilot + defensive importance sampling (§6 item 6)
+}
