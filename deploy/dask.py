@@ -10,6 +10,18 @@
                              worker_extra_args=["--resources", "GPU=1"])
       cluster.scale(jobs=8); print(cluster.scheduler_address)   # -> runner.address
 
+  and for Kubernetes (dask-kubernetes operator; one GPU per worker pod)::
+
+      from dask_kubernetes.operator import KubeCluster, make_cluster_spec
+      spec = make_cluster_spec(name="kktlab", image="<image with kktlab installed>", n_workers=8,
+                               resources={"limits": {"nvidia.com/gpu": "1"}},
+                               worker_command=["dask", "worker", "--nthreads", "1", "--resources", "GPU=1"])
+      cluster = KubeCluster(custom_cluster_spec=spec); print(cluster.scheduler_address)
+
+  On one machine, ``make dask-scheduler`` and ``make dask-worker`` (deploy/launch.py) start
+  them with kktlab's worker settings. The sweep asks the scheduler how many worker threads it
+  has (:func:`worker_count`) and cuts at least one bundle per worker;
+
 - ``cuda``: ``dask_cuda.LocalCUDACluster``, one worker per GPU, each with the resource
   ``GPU=1`` so GPU bundles only go to GPU workers (``pip install -e .[gpu]``);
 - ``inline``: no Dask, bundles run in threads of the flow process (debugging).
