@@ -90,7 +90,8 @@ def plan(cfg: config_mod.Config, store: Store, force: bool):
 def open_store(cfg: config_mod.Config, store_path: str, device: str) -> Store:
     exp = cfg.exp
     store = Store(store_path, cfg.name)
-    return store.open_or_create(exp, cfg.grid, cfg.params, config_text=cfg.text or json.dumps(cfg.to_dict()),
+    return store.open_or_create(exp, cfg.grid, cfg.params, cases=cfg.cases,
+                                config_text=cfg.text or json.dumps(cfg.to_dict()),
                                 extra_sizes=exp.extra_dims(cfg.cells()), device=device)
 
 

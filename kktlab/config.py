@@ -8,6 +8,15 @@ grid: {d: [100, 200], seed: [0, 1]}   # each list becomes a dim (cartesian produ
 params: {width: 1000}        # fixed values; defaults fill the rest
 runner: {workers: 2}         # see RUNNER
 ```
+A grid value may be a mapping, a *case*: it holds the axis's own value (the coordinate) and
+parameters that hold for that coordinate only, replacing ``params`` there::
+
+    grid:
+      estimator:
+        - exact
+        - {estimator: naive_mc, n_samples: 1000000}
+        - {estimator: nested_sampling, n_samples: 1000}
+
 Every error names its field (``grid.width``) and what is allowed.
 """
 
@@ -47,6 +56,7 @@ class Config:
     runner: dict[str, Any]
     description: str = ""
     text: str = ""
+    cases: dict[str, dict] = dataclasses.field(default_factory=dict)  # axis -> {coordinate: overrides}
 
     @property
     def exp(self) -> Experiment:
@@ -55,10 +65,18 @@ class Config:
     def cells(self) -> list[dict]:
         """Every grid cell as a full parameter dict, in C order of the grid dims."""
         keys = list(self.grid)
-        return [dict(self.params, **dict(zip(keys, vals))) for vals in itertools.product(*self.grid.values())]
+        cells = []
+        for vals in itertools.product(*self.grid.values()):
+            cell = dict(self.params, **dict(zip(keys, vals)))
+            for axis, by_value in self.cases.items():
+                cell.update(by_value.get(cell[axis], {}))
+            cells.append(cell)
+        return cells
 
     def to_dict(self) -> dict:
-        return {"experiment": self.experiment, "name": self.name, "store": self.store, "grid": self.grid,
+        grid = {axis: [{axis: v, **self.cases[axis][v]} if v in self.cases.get(axis, {}) else v for v in vals]
+                for axis, vals in self.grid.items()}
+        return {"experiment": self.experiment, "name": self.name, "store": self.store, "grid": grid,
                 "params": self.params, "runner": self.runner, "description": self.description}
 
 
@@ -88,6 +106,25 @@ def _mapping(field: str, value: Any) -> dict:
     return value
 
 
+def _case(exp: Experiment, name: str, axis: str, field: str, case: dict, grid_raw: dict, cases: dict) -> Any:
+    """A case of a grid axis: returns its coordinate; records its parameter overrides in ``cases``."""
+    if axis not in case:
+        raise ConfigError(field, f"a case needs its coordinate '{axis}: <value>' beside the parameters it sets")
+    value = coerce(f"{field}.{axis}", exp.params[axis], case[axis])
+    overrides = {}
+    for k, v in case.items():
+        if k == axis:
+            continue
+        if k not in exp.params:
+            raise ConfigError(f"{field}.{k}", f"unknown parameter of '{name}'; allowed: " + ", ".join(exp.params))
+        if k in grid_raw:
+            raise ConfigError(f"{field}.{k}", "is a grid axis; a case may only set fixed parameters")
+        overrides[k] = coerce(f"{field}.{k}", exp.params[k], v)
+    if overrides:
+        cases.setdefault(axis, {})[value] = overrides
+    return value
+
+
 def parse(raw: Any, text: str = "") -> Config:
     if not isinstance(raw, dict):
         raise ConfigError("<top>", "a config is a YAML mapping with keys " + ", ".join(TOP_KEYS))
@@ -105,7 +142,8 @@ def parse(raw: Any, text: str = "") -> Config:
     if not grid_raw:
         raise ConfigError("grid", "empty: name at least one parameter with a list of values; parameters: "
                           + ", ".join(exp.params))
-    grid = {}
+    grid: dict[str, list] = {}
+    cases: dict[str, dict] = {}
     for key, values in grid_raw.items():
         f = f"grid.{key}"
         if key not in exp.params:
@@ -114,7 +152,11 @@ def parse(raw: Any, text: str = "") -> Config:
             raise ConfigError(f, f"grid values must be a list, got {type(values).__name__} (fixed values go in params)")
         if not values:
             raise ConfigError(f, "empty list: a grid axis needs at least one value")
-        vals = [coerce(f, exp.params[key], v) for v in values]
+        vals = []
+        for i, v in enumerate(values):
+            if isinstance(v, dict):
+                v = _case(exp, name, key, f"{f}[{i}]", v, grid_raw, cases)
+            vals.append(coerce(f, exp.params[key], v))
         if len(set(vals)) != len(vals):
             raise ConfigError(f, f"duplicate values in {vals}")
         grid[key] = vals
@@ -151,8 +193,15 @@ def parse(raw: Any, text: str = "") -> Config:
     group = raw.get("name") or name
     if not group.replace("-", "").replace("_", "").isalnum():
         raise ConfigError("name", f"{group!r}: use letters, digits, '-' and '_' only")
+    overridden: dict[str, str] = {}
+    for axis, by_value in cases.items():
+        for k in {k for o in by_value.values() for k in o}:
+            if k in overridden:
+                raise ConfigError(f"grid.{axis}", f"'{k}' is also set by the cases of grid.{overridden[k]}; "
+                                  "set a parameter from the cases of one axis only")
+            overridden[k] = axis
     cfg = Config(experiment=name, name=group, store=raw.get("store"), grid=grid, params=params,
-                 runner=runner, description=raw.get("description") or "", text=text)
+                 runner=runner, description=raw.get("description") or "", text=text, cases=cases)
     for cell in cfg.cells():
         exp.check(cell)
     return cfg

@@ -65,17 +65,21 @@ class Store:
         self._arrays: dict[str, zarr.Array] = {}  # (each metadata read costs ~3 ms)
 
     # --- creation / checks -----------------------------------------------------------------
-    def identity(self, exp: Experiment, grid: dict[str, list], params: dict) -> dict:
-        return {"experiment": exp.name, "grid": {k: list(v) for k, v in grid.items()}, "params": params}
+    def identity(self, exp: Experiment, grid: dict[str, list], params: dict, cases: dict | None = None) -> dict:
+        ident = {"experiment": exp.name, "grid": {k: list(v) for k, v in grid.items()}, "params": params}
+        if cases:  # per-coordinate parameters (config "cases"); absent from stores made without them
+            ident["cases"] = {axis: {str(v): o for v, o in by_value.items()} for axis, by_value in cases.items()}
+        return ident
 
     def open_or_create(self, exp: Experiment, grid: dict[str, list], params: dict, *,
-                       config_text: str, extra_sizes: dict[str, int], device: str) -> "Store":
+                       config_text: str, extra_sizes: dict[str, int], device: str,
+                       cases: dict | None = None) -> "Store":
         """Create the group from the template, or check an existing one is the same experiment."""
         if self.path.exists() and not self.path.is_dir():
             raise StoreError(f"store path {self.path} exists and is not a directory")
         if self.path.is_dir() and any(self.path.iterdir()) and not (self.path / "zarr.json").exists():
             raise StoreError(f"store path {self.path} is a non-empty directory that is not a Zarr store")
-        ident = self.identity(exp, grid, params)
+        ident = self.identity(exp, grid, params, cases)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # creating the root and a group is the one step two sweeps may race on: serialise it
         with FileLock(str(self.path) + ".lock"):
@@ -113,13 +117,13 @@ class Store:
             raise StoreError(
                 f"store {self.path} group '{self.group_name}' holds experiment '{have['experiment']}', "
                 f"the config asks for '{want['experiment']}'; use another --store or config 'name'")
-        for part in ("grid", "params"):
-            keys = sorted(set(have[part]) | set(want[part]))
-            for k in keys:
-                if have[part].get(k) != want[part].get(k):
+        for part in ("grid", "params", "cases"):
+            have_part, want_part = have.get(part, {}), want.get(part, {})
+            for k in sorted(set(have_part) | set(want_part)):
+                if have_part.get(k) != want_part.get(k):
                     raise StoreError(
-                        f"config field '{part}.{k}' is {want[part].get(k)!r} but store {self.path} group "
-                        f"'{self.group_name}' was made with {have[part].get(k)!r}; use another --store or name")
+                        f"config field '{part}.{k}' is {want_part.get(k)!r} but store {self.path} group "
+                        f"'{self.group_name}' was made with {have_part.get(k)!r}; use another --store or name")
 
     # --- reading --------------------------------------------------------------------------
     def group(self, mode: str = "r") -> zarr.Group:

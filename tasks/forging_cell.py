@@ -151,4 +151,5 @@ def cell_cost(cell: dict) -> float:
         return 2.0 * n
     extra = float(cell.get("n_importance", 2e5)) if est == "subset_importance" else 0.0
     levels = max(1.0, cell.get("d", 2) * math.log10(max(cell.get("A", 1.0) / cell.get("eps", 0.1), 10.0)))
-    return (float(cell.get("n_repeats", 10)) * n * (1.0 + 0.9 * levels) + extra) * np.sqrt(cell.get("m", 1))
+    per_decade = 11.0 if est == "nested_sampling" else 0.9  # NS: 22 iterations of 0.1·N·5 pCN moves
+    return (float(cell.get("n_repeats", 10)) * n * (1.0 + per_decade * levels) + extra) * np.sqrt(cell.get("m", 1))

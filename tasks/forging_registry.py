@@ -10,9 +10,11 @@ from typing import Callable
 
 from tasks.forging_estimators import VolumeEstimate, naive_mc, subset_simulation
 from tasks.forging_importance import subset_importance
+from tasks.forging_nested import nested_sampling
 
 ESTIMATORS: dict[str, Callable[..., VolumeEstimate]] = {
     "naive_mc": naive_mc,                    # plain Monte Carlo (§6 item 1)
     "subset_simulation": subset_simulation,  # multilevel splitting with pCN moves (§6 item 5a)
     "subset_importance": subset_importance,  # splitting pilot + defensive importance sampling (§6 item 6)
+    "nested_sampling": nested_sampling,      # nested sampling, the whole log mu(eps) curve per run (§6 item 5b)
 }

@@ -49,6 +49,12 @@ BAD = [
     ("target loss above 1", with_(params__target_loss=2.0), "params.target_loss", "<= 1"),
     ("grid not a mapping", with_(grid=[1, 2]), "grid", "mapping"),
     ("bad group name", with_(name="a/b"), "name", "letters"),
+    ("case without its coordinate", with_(grid__d=[10, {"width": 4}]), "grid.d[1]", "coordinate"),
+    ("case sets a grid axis", with_(grid__d=[{"d": 10, "seed": 1}]), "grid.d[0].seed", "grid axis"),
+    ("case sets an unknown param", with_(grid__d=[{"d": 10, "depth": 1}]), "grid.d[0].depth", "allowed"),
+    ("case value out of range", with_(grid__d=[{"d": 10, "width": 0}]), "grid.d[0].width", ">= 1"),
+    ("two axes' cases set one param", with_(grid__d=[{"d": 10, "width": 4}], grid__seed=[{"seed": 0, "width": 6}]),
+     "grid.seed", "one axis"),
 ]
 
 
@@ -84,6 +90,31 @@ def test_good_config_fills_defaults_and_expands_grid():
     assert cfg.params["width"] == 8 and cfg.params["loss"] == "exp"
     assert [(c["d"], c["seed"]) for c in cfg.cells()] == [(10, 0), (20, 0)]
     assert cfg.name == "nonrobust" and cfg.runner["workers"] == 2
+
+
+def test_cases_set_parameters_per_coordinate_and_round_trip():
+    """A grid value given as a mapping (a case) sets other parameters for that coordinate only."""
+    raw = with_(grid__d=[10, {"d": 20, "width": 16, "lr0": 0.5}])
+    cfg = config.parse(raw)
+    assert cfg.grid["d"] == [10, 20] and cfg.cases == {"d": {20: {"width": 16, "lr0": 0.5}}}
+    cells = {c["d"]: c for c in cfg.cells()}
+    assert cells[10]["width"] == 8 and cells[20]["width"] == 16 and cells[20]["lr0"] == 0.5
+    assert cells[10]["lr0"] == cfg.params["lr0"]
+    again = config.parse(cfg.to_dict())  # what the sweep flow receives
+    assert again.cells() == cfg.cells() and again.cases == cfg.cases
+
+
+def test_store_refuses_changed_cases(tmp_path):
+    from flows.sweep import open_store
+    from kktlab.errors import StoreError
+
+    store = tmp_path / "s.zarr"
+    open_store(config.parse(with_(grid__d=[10, {"d": 20, "width": 16}])), store, "cpu")
+    open_store(config.parse(with_(grid__d=[10, {"d": 20, "width": 16}])), store, "cpu")  # same: reopens
+    with pytest.raises(StoreError, match="cases.d"):
+        open_store(config.parse(with_(grid__d=[10, {"d": 20, "width": 32}])), store, "cpu")
+    with pytest.raises(StoreError, match="cases.d"):
+        open_store(config.parse(with_(grid__d=[10, 20])), store, "cpu")
 
 
 def test_every_shipped_config_is_valid():

@@ -37,10 +37,11 @@ P = {
     "m": Param(int, 1, "copies of x* replaced in the batch (§5, D000-6); m > 1 needs domain=ball", min=1),
     "B": Param(int, 1, "batch size B of batch SGD (§5); must be >= m", min=1),
     "n_samples": Param(int, 100_000, "naive_mc: samples; subset_simulation / subset_importance: samples per "
-                       "level and run", min=10),
+                       "level and run; nested_sampling: live points per run", min=10),
     "n_importance": Param(int, 200_000, "subset_importance: importance-sampling draws after the subset-simulation "
                           "pilot (20% of them adapt the proposal)", min=100),
-    "n_repeats": Param(int, 10, "subset_simulation / subset_importance: independent runs (>= 10, spec §5)", min=2),
+    "n_repeats": Param(int, 10, "subset_simulation / subset_importance / nested_sampling: independent runs "
+                        "(>= 10, spec §5)", min=2),
     "p0": Param(float, 0.1, "subset_simulation / subset_importance: level probability", gt=0, max=0.5),
     "model_seed": Param(int, 0, "seed of w, x* (and of the Lipschitz estimate)", min=0),
     "seed": Param(int, 0, "seed of the estimator's random numbers", min=0),
@@ -73,8 +74,8 @@ V = {
     "tube_exponent": Var("1", "D - r, the rate of a tube around the exact-forging manifold (spec §6.3)"),
     "grad_norm": Var("1", "||∇_w f(w; x*)|| (= A)"),
     "lipschitz_estimate": Var("1", "estimate (lower bound) of L, Lipschitz constant of M(w, ·) on D2 (ball only)"),
-    "status": Var("1", "0 ok, 1 unbounded (ReLU, eps >= ||∇f(x*)||, P000-10), 2 subset simulation stalled "
-                  "(eps below min of the mismatch on the domain)"),
+    "status": Var("1", "0 ok, 1 unbounded (ReLU, eps >= ||∇f(x*)||, P000-10), 2 subset simulation or nested "
+                  "sampling stalled (eps below min of the mismatch on the domain)"),
     "min_level": Var("1", "status 2: lowest mismatch level reached"),
     "importance_ess": Var("1", "subset_importance: effective sample size of the final importance weights"),
     "importance_khat": Var("1", "subset_importance: Pareto k-hat of the weight tail (> 0.7: stated stderr "
@@ -101,6 +102,7 @@ def check(cell: dict) -> None:
         n_seed = round(cell["p0"] * cell["n_samples"])
         if n_seed < 1 or cell["n_samples"] % n_seed or n_seed == cell["n_samples"]:
             raise ConfigError("n_samples", f"must be a multiple of p0·n_samples (= {n_seed}) and larger than it")
+    if cell["estimator"] in ("subset_simulation", "subset_importance", "nested_sampling"):
         if cell["n_repeats"] < 10:
             raise ConfigError("n_repeats", "spec §5: rare-event estimators report a CV from >= 10 repetitions")
 
@@ -114,7 +116,7 @@ EXPERIMENT = register(Experiment(
     name="forging",
     paper="000 Dixit, Hui, Saab: The Measure of Deception (data forging in machine unlearning)",
     description="log volume of the eps-forging set: exact (linreg), naive MC, subset simulation (+ importance "
-                "sampling); bounds, nullity",
+                "sampling), nested sampling; bounds, nullity",
     params=P, variables=V, run_bundle=run_bundle, cost=cell_cost, check=check,
     summary=("log_volume", "log_volume_stderr", "log_volume_exact", "log_bound", "n_gradient_evals", "nullity",
              "status"),
