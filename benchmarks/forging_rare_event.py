@@ -6,7 +6,8 @@ For each target forging probability p (p := mu(S_eps ∩ B_R)/mu(U), U the label
 on the literal (z, t) membership, and naive MC with the same number of gradient evaluations as the
 integrated subset simulation (capped at 1e6 samples), and subset_importance (subset simulation as
 a pilot, then importance sampling from a heavy-tailed mixture fitted to its samples,
-tasks/forging_importance.py) with the label integrated and sampled. One run; every number in the JSON was
+tasks/forging_importance.py) with the label integrated and sampled, and nested sampling (1000 live
+points, 10 runs, tasks/forging_nested.py) with the label integrated. One run; every number in the JSON was
 measured by this run, except the fields marked ``_analytic``: the naive-MC cost to reach the same
 relative error, (1 - p)/(p·relerr²) samples (binomial variance of the hit fraction) times the 2
 gradient evaluations per label-sampled point. target: <= 10% relative error at p = 1e-30 with
@@ -36,6 +37,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from tasks.forging_estimators import (naive_mc, naive_mc_samples_for, slab_problem,  # noqa: E402
                                       subset_simulation)
 from tasks.forging_importance import subset_importance  # noqa: E402
+from tasks.forging_nested import nested_sampling  # noqa: E402
 from tasks.forging_exact import linreg_log_region_measure, linreg_log_volume  # noqa: E402
 from tasks.forging_models import make_model, make_target  # noqa: E402
 
@@ -76,7 +78,8 @@ def run_one(name, fn, problem, eps, exact, **kw) -> dict:
             "relative_error": rel, "stated_relative_se": est.log_volume_stderr, "n_gradient_evals": est.n_gradient_evals,
             "n_hits": est.n_hits, "wall_s": wall, "n_levels": est.extra.get("n_levels"),
             **{k: est.extra[k] for k in ("ess", "pareto_khat", "reliable", "n_components", "ss_log_volume",
-                                         "ss_log_volume_stderr") if k in est.extra}}
+                                         "ss_log_volume_stderr", "stderr_analytic", "n_iterations", "stalled")
+               if k in est.extra}}
 
 
 def _clean(obj):
@@ -118,7 +121,9 @@ def main() -> None:
                        generator=torch.Generator().manual_seed(40 + i), n_samples=1000, n_repeats=10,
                        n_importance=n_is),
                run_one("subset_simulation[label integrated]", subset_simulation, integ, eps, exact,
-                       generator=torch.Generator().manual_seed(10 + i), n_samples=N, n_repeats=10)]
+                       generator=torch.Generator().manual_seed(10 + i), n_samples=N, n_repeats=10),
+               run_one("nested_sampling[label integrated]", nested_sampling, integ, eps, exact,
+                       generator=torch.Generator().manual_seed(60 + i), n_samples=1000, n_repeats=10)]
         if not args.quick:
             res.append(run_one("subset_importance[label sampled]", subset_importance, sampled, eps, exact,
                                generator=torch.Generator().manual_seed(50 + i), n_samples=1000, n_repeats=10,
