@@ -13,7 +13,8 @@ the law restricted to {g < L}, so μ(S_eps) = exp(log_measure) · X(L) · mean_l
 problem's weight: an indicator, or the label-integrated 2√(eps² − g²) of the T000-2 generalisation).
 
 One run gives the whole curve: at every iteration, μ(S_{L_i}) = X(L_i) · mean_live W(·; L_i)
-(returned for the first run as ``extra["curve_eps"]``, ``extra["curve_log_volume"]``).
+(returned for the first run as ``extra["curve_eps"]``, ``extra["curve_log_volume"]``, at levels
+up to the problem's ``eps_max``: a label-sampled problem draws labels only for forgers up to it).
 ``n_repeats`` independent runs are one batched tensor problem; the stated stderr of the log is
 their spread (spec §5: CV from >= 10 repetitions), and the nested-sampling standard log-error
 √(c·H/N) with H = −log X (c = α/((1−α)(−log(1−α))) for a removed fraction α; c → 1 as α → 0,
@@ -109,8 +110,8 @@ def nested_sampling(problem: ForgingProblem, eps: float, *, generator: torch.Gen
         rate = accepted[a] / (n_mcmc * n_rm[a].to(dt))
         sigma[a] = (sigma[a] * torch.exp(rate - target_accept)).clamp(1e-4, 1.0)
         xi[runs, slots], g[runs, slots], scale[runs, slots] = cur, cur_g, cur_s
-        if active[0]:  # the curve of the first run: mu(S_L) at its levels
-            Lf = float(L[0])
+        Lf = float(L[0])
+        if active[0] and Lf <= problem.eps_max:  # the first run's curve mu(S_L), where the law covers S_L
             curve_eps.append(Lf)
             curve_log.append(problem.log_measure + float(log_x[0] + problem.weight(g[0], scale[0], Lf).mean().log()))
 

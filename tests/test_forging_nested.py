@@ -48,11 +48,13 @@ def test_nested_sampling_whole_curve_from_one_run():
 
 
 def test_nested_sampling_label_sampled_indicator():
-    """The indicator form (label sampled, membership by the real gradient) agrees with exact."""
+    """The indicator form (label sampled, membership by the real gradient) agrees with exact; it
+    gives no curve above the label range's eps_max (= eps here)."""
     model, xs = _linreg(3)
     exact = linreg_log_volume(3, 0.1, 1.0)
     est = nested_sampling(slab_problem(model, xs, 1.0, "sampled", eps_max=0.1), 0.1, generator=_gen(7), n_samples=500)
     assert est.n_hits > 0 and abs(est.log_volume - exact) < 3 * est.log_volume_stderr, (est.log_volume, exact)
+    assert est.extra["curve_eps"] == []  # labels are drawn for forgers up to eps_max = eps only: no curve above
 
 
 def test_nested_sampling_stalls_when_eps_is_below_min_g():
