@@ -1,4 +1,4 @@
-"""Paper 000 figures from a ``forging`` store (F000-3/F000-4 package validation figures) and the
+"""Paper 000 figures from a ``forging`` store (F000-3/4/6 package validation figures) and the
 paper's Fig 1 (F000-1, recomputed via tasks.forging_sgd; it is not a grid experiment).
 
 F000-3: log mu vs log eps, one line per d, points ± 1.96 SE for estimators, solid exact curve where
@@ -44,20 +44,27 @@ def _small_eps_slope(eps: np.ndarray, logv: np.ndarray) -> float:
     return fit_log_slope(e[order], v[order])[0]
 
 
+def _line_dim(ds: xr.Dataset) -> str | None:
+    """One line per d (F000-3/4); with d fixed and m on the grid, one line per m (F000-6)."""
+    return "d" if "d" in ds.dims else "m" if "m" in ds.dims else None
+
+
 def _volume_panel(ds: xr.Dataset, sel: dict, out: pathlib.Path, note: str) -> pathlib.Path:
     sub = ds.where(ds.done).sel(sel) if sel else ds.where(ds.done)
-    keep = ("eps", "d")
+    line = _line_dim(ds)
+    keep = ("eps", line) if line else ("eps",)
     eps = np.asarray(ds["eps"].values, dtype=float)
     fig, ax = plt.subplots(figsize=(7.0, 5.0))
-    ds_d = ds["d"].values if "d" in ds.dims else [None]
-    colors = plt.cm.viridis(np.linspace(0, 0.9, len(ds_d)))
-    for color, d in zip(colors, ds_d):
-        one = sub.sel(d=d) if d is not None else sub
+    values = ds[line].values if line else [None]
+    colors = plt.cm.viridis(np.linspace(0, 0.9, len(values)))
+    drawn: set[str] = set()
+    for color, value in zip(colors, values):
+        one = sub.sel({line: value}) if line else sub
         lv = _reduce(one["log_volume"], keep).values
         se = _reduce(one["log_volume_stderr"], keep).values
         slope = _small_eps_slope(eps, lv)
         pred = np.nanmean(_reduce(one["predicted_exponent"], keep).values)
-        tag = f"d={d}: slope {slope:.2f} (pred. {pred:.2g})"
+        tag = (f"{line}={value}: " if line else "") + f"slope {slope:.2f} (pred. {pred:.2g})"
         exact = _reduce(one["log_volume_exact"], keep).values
         if np.isfinite(exact).any():
             ax.plot(np.log10(eps), exact / np.log(10), "-", color=color, lw=1.2)
@@ -71,23 +78,27 @@ def _volume_panel(ds: xr.Dataset, sel: dict, out: pathlib.Path, note: str) -> pa
             b = _reduce(one[var], keep).values
             if np.isfinite(b).any():
                 ax.plot(np.log10(eps), b / np.log(10), style, color=color, lw=0.8, alpha=0.8)
+                drawn.add(style)
     for style, lab in (("--", "Prop 2/4 (16)/(24)"), (":", "(17)/(25) paper (erratum)"),
                        ("-.", "(17)/(25) corrected")):
-        ax.plot([], [], style, color="gray", label=lab)
+        if style in drawn:
+            ax.plot([], [], style, color="gray", label=lab)
     ax.set_xlabel(r"$\log_{10}\varepsilon$")
     ax.set_ylabel(r"$\log_{10}\mu(S_\varepsilon)$")
-    title = "Forging-set volume (package validation, F000-3/4)"
+    title = ("Batch forging volume, B fixed (package validation, F000-6)" if line == "m"
+             else "Forging-set volume (package validation, F000-3/4)")
     return finish(fig, ax, out, title + ("\n" + note if note else ""))
 
 
 def figures(ds: xr.Dataset, out_dir: pathlib.Path, prefix: str = "") -> list[pathlib.Path]:
-    """One F000-3/4 panel per combination of the model/estimator/A/domain/label/width/m dims present."""
+    """One F000-3/4 (or F000-6) panel per combination of the model/estimator/A/domain/label/width/m
+    dims present, less the dim drawn as lines (d, or m when d is fixed)."""
     out_dir = pathlib.Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if "eps" not in ds.dims or "log_volume" not in ds:
         return []
     n, tot = int(ds.done.sum()), int(ds.done.size)
-    panel_dims = [dim for dim in _PANEL_DIMS if dim in ds.dims]
+    panel_dims = [dim for dim in _PANEL_DIMS if dim in ds.dims and dim != _line_dim(ds)]
     paths = []
     for combo in itertools.product(*(ds[p].values for p in panel_dims)):
         sel = dict(zip(panel_dims, combo))

@@ -5,7 +5,8 @@ stores is computed here from tasks/forging_* kernels. Conventions (spec §4 "Def
 w, x* ~ N(0, I) from ``model_seed``; y* = φ(x*) - A/||h(x*)|| so that ||∇_w f(x*)|| = A.
 
 domain = "slab": z ∈ B_R, label unrestricted (Props 2/4, D000-2/3); "ball": x = (z, t) in
-D2 = B_R(x*) ⊂ R^{d+1} (§4, D000-4), with m > 1 the batch set of Eq 41 on D2^m (§5, D000-6).
+D2 = B_R(x*) ⊂ R^{d+1} (§4, D000-4), with m > 1 or B > 1 the batch set of Eq 41 on D2^m (§5, D000-6:
+m of the B points of a batch replaced; m = 1 < B is one replaced point seen through the 1/B batch mean).
 """
 
 from __future__ import annotations
@@ -74,8 +75,9 @@ def forging_cell(*, model: str, d: int, eps: float, R: float = 1.0, A: float = 1
         raise ValueError(f"estimator must be 'exact' or one of {sorted(ESTIMATORS)}, got {estimator!r}")
     if estimator == "exact" and (model != "linreg" or domain != "slab" or m != 1):
         raise ValueError("estimator 'exact' exists only for model='linreg', domain='slab', m=1 (T000-2x)")
-    if m > 1 and domain != "ball":
-        raise ValueError("m > 1 (batch forging, §5) needs domain='ball'")
+    batch = m > 1 or B > 1
+    if batch and domain != "ball":
+        raise ValueError("m > 1 or B > 1 (batch forging, §5) needs domain='ball'")
     if not (eps > 0 and R > 0 and A > 0):
         raise ValueError(f"eps, R and A must be > 0, got eps={eps}, R={R}, A={A}")
     gen = torch.Generator().manual_seed(int(model_seed))
@@ -87,7 +89,7 @@ def forging_cell(*, model: str, d: int, eps: float, R: float = 1.0, A: float = 1
     out.update(grad_norm=G, status=0.0, n_gradient_evals=0.0, n_hits=math.nan)
 
     # nullity of M0 at x* (data incl. label, D = d+1; batch: the n × mD block row of Eq 42)
-    M0 = mixed_hessian(mdl.loss, mdl.w, x_star) if m == 1 else \
+    M0 = mixed_hessian(mdl.loss, mdl.w, x_star) if not batch else \
         batch_mixed_hessian(mdl.loss, mdl.w, x_star.expand(m, D), B)
     r, sig = nullity(M0)
     r_loose, _ = nullity(M0, rtol=1e-6)
@@ -119,10 +121,10 @@ def forging_cell(*, model: str, d: int, eps: float, R: float = 1.0, A: float = 1
         L = estimate_lipschitz(mdl.loss, mdl.w, x_star, R, lipschitz_pairs, torch.Generator().manual_seed(model_seed))
         out["lipschitz_estimate"] = L
         if L > 0:
-            b = fb.thm2_global(D, L, r, r, log_ball_volume(D, R), eps) if m == 1 else \
+            b = fb.thm2_global(D, L, r, r, log_ball_volume(D, R), eps) if not batch else \
                 fb.batch_eq47(D, m, B, L, r, r, log_ball_volume(D, R), eps)
             out["log_bound_thm2"] = _valid(b)
-        problem = ball_problem(mdl.loss, mdl.w, x_star, R) if m == 1 else \
+        problem = ball_problem(mdl.loss, mdl.w, x_star, R) if not batch else \
             batch_problem(mdl.loss, mdl.w, x_star, m, B, R)
     est = ESTIMATORS[estimator](problem, eps, generator=torch.Generator().manual_seed(int(seed)),
                                 n_samples=int(n_samples), n_repeats=int(n_repeats), p0=float(p0),

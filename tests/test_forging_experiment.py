@@ -10,6 +10,7 @@ import xarray as xr
 
 from flows.experiments import EXPERIMENTS
 from kktlab.errors import ConfigError
+from tasks.forging_cell import forging_cell
 
 import flows.experiments.forging  # noqa: F401  (registers 'forging')
 
@@ -38,6 +39,7 @@ def test_experiment_registered_with_documented_params_and_vars():
     (dict(d=1), "d"),
     (dict(m=2, domain="slab", estimator="naive_mc"), "domain"),
     (dict(m=3, B=2, domain="ball", estimator="naive_mc"), "B"),
+    (dict(B=4, domain="slab", estimator="naive_mc"), "domain"),
     (dict(estimator="subset_simulation", n_samples=1234), "n_samples"),
     (dict(estimator="subset_simulation", n_repeats=5), "n_repeats"),
 ])
@@ -64,6 +66,17 @@ def test_run_bundle_returns_every_variable():
     assert out[0]["nullity"] == 1 and out[0]["predicted_exponent"] == 3
 
 
+def test_one_replaced_point_of_a_batch_is_the_single_point_set_at_B_eps():
+    """F000-6 at m = 1: replacing one of B points changes the batch gradient by 1/B of the point's
+    change (Eq 41), so with the same draws S̃_eps(m = 1, B = 4) has the volume of S_{4 eps}."""
+    common = dict(model="linreg", d=2, domain="ball", estimator="naive_mc", n_samples=20_000, seed=3)
+    batch = forging_cell(eps=0.05, m=1, B=4, **common)
+    single = forging_cell(eps=0.2, m=1, B=1, **common)
+    assert batch["n_hits"] == single["n_hits"] > 100
+    assert batch["log_volume"] == pytest.approx(single["log_volume"], abs=1e-12)
+    assert batch["nullity"] == single["nullity"]
+
+
 def _synthetic_store():
     exp = EXPERIMENTS["forging"]
     d_vals, eps_vals = [2, 3], [1e-3, 1e-2, 1e-1, 1.0]
@@ -88,6 +101,27 @@ def test_F000_3_figures_from_store(tmp_path):
     ds2 = ds.copy()
     ds2["done"] = ds2.done.where(ds2.eps < 0.5, False)
     assert figures(ds2, tmp_path / "partial")
+
+
+def test_F000_6_batch_figure_draws_one_line_per_m(tmp_path):
+    """F000-6: with d fixed and m on the grid, one panel per estimator with a line per m; the
+    measured slope is at least the T000-11 exponent (mD - r)/2 (conservative, spec §6 item 3)."""
+    from analysis.forging import _line_dim, _small_eps_slope, figures
+
+    exp = EXPERIMENTS["forging"]
+    m_vals, eps_vals = [1, 2], [0.03, 0.1, 0.3]
+    cells = [_cell(d=2, m=m, B=2, domain="ball", eps=e, estimator="naive_mc", n_samples=40_000)
+             for m in m_vals for e in eps_vals]
+    res = exp.run_bundle(cells, "cpu")
+    data = {v: (("m", "eps"), np.array([r[v] for r in res]).reshape(2, 3)) for v in exp.variables}
+    ds = xr.Dataset(data, coords={"m": m_vals, "eps": eps_vals})
+    ds["done"] = (("m", "eps"), np.ones((2, 3), dtype=bool))
+    assert _line_dim(ds) == "m"
+    paths = [p for p in figures(ds, tmp_path) if "forging_volume" in p.name]
+    assert len(paths) == 1 and "m-" not in paths[0].name and paths[0].stat().st_size > 5000
+    for m in m_vals:
+        one = ds.sel(m=m)
+        assert _small_eps_slope(ds.eps.values, one.log_volume.values) >= float(one.predicted_exponent[0]) - 0.2
 
 
 def test_F000_1_figure(tmp_path):

@@ -34,8 +34,8 @@ P = {
                    "out exactly (Rao-Blackwellised)", choices=("sampled", "integrated")),
     "estimator": Param(str, "exact", "volume method; 'exact' = T000-2x (linreg, slab, m = 1 only)",
                        choices=("exact", *ESTIMATORS)),
-    "m": Param(int, 1, "copies of x* replaced in the batch (§5, D000-6); m > 1 needs domain=ball", min=1),
-    "B": Param(int, 1, "batch size B of batch SGD (§5); must be >= m", min=1),
+    "m": Param(int, 1, "points replaced in the batch (§5, D000-6); m > 1 needs domain=ball", min=1),
+    "B": Param(int, 1, "batch size B of batch SGD (§5); must be >= m; B > 1 needs domain=ball", min=1),
     "n_samples": Param(int, 100_000, "naive_mc: samples; subset_simulation / subset_importance: samples per "
                        "level and run; nested_sampling: live points per run", min=10),
     "n_importance": Param(int, 200_000, "subset_importance: importance-sampling draws after the subset-simulation "
@@ -94,8 +94,8 @@ def check(cell: dict) -> None:
             raise ConfigError("estimator", "'exact' needs domain 'slab' and m = 1 (T000-2x)")
     if cell["domain"] == "slab" and cell["d"] < 2:
         raise ConfigError("d", f"the slab volume (Props 2/4) needs d >= 2, got {cell['d']}")
-    if cell["m"] > 1 and cell["domain"] != "ball":
-        raise ConfigError("domain", "batch forging (m > 1) needs domain 'ball'")
+    if (cell["m"] > 1 or cell["B"] > 1) and cell["domain"] != "ball":
+        raise ConfigError("domain", "batch forging (m > 1 or B > 1) needs domain 'ball'")
     if cell["B"] < cell["m"]:
         raise ConfigError("B", f"batch size B = {cell['B']} must be >= m = {cell['m']}")
     if cell["estimator"] in ("subset_simulation", "subset_importance"):
