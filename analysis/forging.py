@@ -10,6 +10,7 @@ Everything is drawn from the dataset; no numbers are hard-coded.
 from __future__ import annotations
 
 import itertools
+import json
 import pathlib
 
 import matplotlib
@@ -20,6 +21,7 @@ import numpy as np  # noqa: E402
 import xarray as xr  # noqa: E402
 
 from analysis.common import finish  # noqa: E402
+from tasks.forging_cell import PROBABILITY_DOMAINS  # noqa: E402
 from tasks.forging_estimators import fit_log_slope  # noqa: E402
 from tasks.forging_sgd import figure1_trajectories  # noqa: E402
 
@@ -49,7 +51,25 @@ def _line_dim(ds: xr.Dataset) -> str | None:
     return "d" if "d" in ds.dims else "m" if "m" in ds.dims else None
 
 
+VOLUME_BOUNDS = (("log_bound_eq16", "--", "Prop 2/4 (16)/(24)"), ("log_bound_eq17_paper", ":", "(17)/(25) paper (erratum)"),
+                 ("log_bound_eq17_corrected", "-.", "(17)/(25) corrected"))
+PROBABILITY_BOUNDS = (("log_probability_bound_cor1_eq30", "--", "Cor 1 (30)"),
+                      ("log_probability_bound_cor1_eq31_corrected", "-.", "Cor 1 (31) corrected"))
+NAIVE_MC_SAMPLES = 1_000_000  # F000-5 marks where naive MC with this many samples expects no hit
+
+
+def _domain(ds: xr.Dataset, sel: dict) -> str:
+    """The panel's domain: its grid coordinate, else the config's fixed parameter (store identity)."""
+    if "domain" in sel:
+        return str(sel["domain"])
+    ident = json.loads(ds.attrs.get("kktlab_identity", "{}") or "{}")
+    return str(ident.get("params", {}).get("domain", "slab"))
+
+
 def _volume_panel(ds: xr.Dataset, sel: dict, out: pathlib.Path, note: str) -> pathlib.Path:
+    """log mu (F000-3/4/6) or, for the cylinder / Gaussian laws, log P(forge) (F000-5) vs log eps."""
+    probability = _domain(ds, sel) in PROBABILITY_DOMAINS
+    var, bounds = ("log_probability", PROBABILITY_BOUNDS) if probability else ("log_volume", VOLUME_BOUNDS)
     sub = ds.where(ds.done).sel(sel) if sel else ds.where(ds.done)
     line = _line_dim(ds)
     keep = ("eps", line) if line else ("eps",)
@@ -60,12 +80,12 @@ def _volume_panel(ds: xr.Dataset, sel: dict, out: pathlib.Path, note: str) -> pa
     drawn: set[str] = set()
     for color, value in zip(colors, values):
         one = sub.sel({line: value}) if line else sub
-        lv = _reduce(one["log_volume"], keep).values
+        lv = _reduce(one[var], keep).values
         se = _reduce(one["log_volume_stderr"], keep).values
         slope = _small_eps_slope(eps, lv)
         pred = np.nanmean(_reduce(one["predicted_exponent"], keep).values)
         tag = (f"{line}={value}: " if line else "") + f"slope {slope:.2f} (pred. {pred:.2g})"
-        exact = _reduce(one["log_volume_exact"], keep).values
+        exact = _reduce(one["log_volume_exact"], keep).values if not probability else np.full(len(eps), np.nan)
         if np.isfinite(exact).any():
             ax.plot(np.log10(eps), exact / np.log(10), "-", color=color, lw=1.2)
         if np.nanmax(np.nan_to_num(se, nan=0.0)) > 0 or not np.isfinite(exact).any():
@@ -74,24 +94,29 @@ def _volume_panel(ds: xr.Dataset, sel: dict, out: pathlib.Path, note: str) -> pa
                         fmt="o", ms=3, capsize=2, color=color, label=tag)
         else:
             ax.plot([], [], "-", color=color, label=tag + " [exact]")
-        for var, style in (("log_bound_eq16", "--"), ("log_bound_eq17_paper", ":"), ("log_bound_eq17_corrected", "-.")):
-            b = _reduce(one[var], keep).values
+        for bvar, style, _ in bounds:
+            b = _reduce(one[bvar], keep).values if bvar in one else np.full(len(eps), np.nan)
             if np.isfinite(b).any():
                 ax.plot(np.log10(eps), b / np.log(10), style, color=color, lw=0.8, alpha=0.8)
                 drawn.add(style)
-    for style, lab in (("--", "Prop 2/4 (16)/(24)"), (":", "(17)/(25) paper (erratum)"),
-                       ("-.", "(17)/(25) corrected")):
+    for _, style, lab in bounds:
         if style in drawn:
             ax.plot([], [], style, color="gray", label=lab)
     ax.set_xlabel(r"$\log_{10}\varepsilon$")
-    ax.set_ylabel(r"$\log_{10}\mu(S_\varepsilon)$")
-    title = ("Batch forging volume, B fixed (package validation, F000-6)" if line == "m"
-             else "Forging-set volume (package validation, F000-3/4)")
+    if probability:
+        ax.axhline(np.log10(3.0 / NAIVE_MC_SAMPLES), color="red", lw=0.8, ls=":",
+                   label=f"below: naive MC with {NAIVE_MC_SAMPLES:.0e} samples likely sees no hit")
+        ax.set_ylabel(r"$\log_{10} P(\mathrm{forge})$")
+        title = f"Forging probability, {_domain(ds, sel)} law (package validation, F000-5)"
+    else:
+        ax.set_ylabel(r"$\log_{10}\mu(S_\varepsilon)$")
+        title = ("Batch forging volume, B fixed (package validation, F000-6)" if line == "m"
+                 else "Forging-set volume (package validation, F000-3/4)")
     return finish(fig, ax, out, title + ("\n" + note if note else ""))
 
 
 def figures(ds: xr.Dataset, out_dir: pathlib.Path, prefix: str = "") -> list[pathlib.Path]:
-    """One F000-3/4 (or F000-6) panel per combination of the model/estimator/A/domain/label/width/m
+    """One F000-3/4 (F000-5 for the cylinder / Gaussian laws, F000-6 for m lines) panel per combination of the model/estimator/A/domain/label/width/m
     dims present, less the dim drawn as lines (d, or m when d is fixed)."""
     out_dir = pathlib.Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -19,7 +19,8 @@ import torch
 from torch.func import grad
 
 from tasks import forging_bounds as fb
-from tasks.forging_estimators import ball_problem, batch_problem, slab_problem
+from tasks.forging_estimators import (ball_problem, batch_problem, cylinder_problem, gaussian_problem,
+                                      slab_problem)
 from tasks.forging_exact import linreg_log_region_measure, linreg_log_volume, log_ball_volume
 from tasks.forging_models import (batch_mixed_hessian, estimate_lipschitz, make_model, make_target,
                                   mixed_hessian, nullity, relu_unbounded)
@@ -33,7 +34,9 @@ OUTPUTS = (
     "n_gradient_evals", "n_hits", "nullity", "nullity_loose", "m0_sigma_min", "m0_sigma_max",
     "predicted_exponent", "thm2_exponent", "tube_exponent", "grad_norm", "lipschitz_estimate",
     "status", "min_level", "importance_ess", "importance_khat", "wall_time",
+    "log_probability_bound", "log_probability_bound_cor1_eq30", "log_probability_bound_cor1_eq31_corrected",
 )
+PROBABILITY_DOMAINS = ("cylinder", "gaussian")  # F000-5: forging probability under a law on (z, t)
 
 
 def _valid(b: fb.Bound) -> float:
@@ -64,13 +67,16 @@ def _slab_bounds(model, x_star, d, R, eps, G) -> dict[str, float]:
 
 def forging_cell(*, model: str, d: int, eps: float, R: float = 1.0, A: float = 1.0, width: int = 8,
                  domain: str = "slab", label: str = "sampled", estimator: str = "exact", m: int = 1, B: int = 1,
+                 R2: float = 4.0,
                  n_samples: int = 100_000, n_repeats: int = 10, p0: float = 0.1, n_importance: int = 200_000,
                  model_seed: int = 0,
                  seed: int = 0, lipschitz_pairs: int = 256) -> dict[str, float]:
     """Estimate log mu(S_eps) for one configuration and evaluate bounds, nullity and exponents."""
     t0 = time.perf_counter()
-    if domain not in ("slab", "ball"):
-        raise ValueError(f"domain must be 'slab' or 'ball', got {domain!r}")
+    if domain not in ("slab", "ball", *PROBABILITY_DOMAINS):
+        raise ValueError(f"domain must be 'slab', 'ball', 'cylinder' or 'gaussian', got {domain!r}")
+    if domain in PROBABILITY_DOMAINS and estimator == "exact":
+        raise ValueError(f"estimator 'exact' has no closed form for domain {domain!r} (F000-5 is estimated)")
     if estimator != "exact" and estimator not in ESTIMATORS:
         raise ValueError(f"estimator must be 'exact' or one of {sorted(ESTIMATORS)}, got {estimator!r}")
     if estimator == "exact" and (model != "linreg" or domain != "slab" or m != 1):
@@ -99,6 +105,9 @@ def forging_cell(*, model: str, d: int, eps: float, R: float = 1.0, A: float = 1
                m0_sigma_min=float(nz.min()) if nz.numel() else math.nan,
                thm2_exponent=(Dm - r) / 2, tube_exponent=float(Dm - r))
 
+    if domain in PROBABILITY_DOMAINS:
+        return _probability_cell(out, mdl, x_star, model, d, eps, R, R2, A, domain, estimator, t0, seed,
+                                 dict(n_samples=n_samples, n_repeats=n_repeats, p0=p0, n_importance=n_importance))
     if domain == "slab":
         out["log_ball_volume"] = log_ball_volume(d, R)
         log_ref = linreg_log_region_measure(d, R, G + eps)  # region U sampled by label='sampled'
@@ -126,15 +135,52 @@ def forging_cell(*, model: str, d: int, eps: float, R: float = 1.0, A: float = 1
             out["log_bound_thm2"] = _valid(b)
         problem = ball_problem(mdl.loss, mdl.w, x_star, R) if not batch else \
             batch_problem(mdl.loss, mdl.w, x_star, m, B, R)
-    est = ESTIMATORS[estimator](problem, eps, generator=torch.Generator().manual_seed(int(seed)),
-                                n_samples=int(n_samples), n_repeats=int(n_repeats), p0=float(p0),
-                                n_importance=int(n_importance))
+    est = _estimate(problem, estimator, eps, seed,
+                    dict(n_samples=n_samples, n_repeats=n_repeats, p0=p0, n_importance=n_importance))
+    _store_estimate(out, est, log_ref)
+    return _finish(out, t0)
+
+
+def _store_estimate(out: dict, est, log_ref: float) -> None:
     out.update(log_volume=est.log_volume, log_volume_stderr=est.log_volume_stderr,
                n_gradient_evals=float(est.n_gradient_evals), n_hits=float(est.n_hits),
                log_probability=est.log_volume - log_ref,
                status=1.0 if est.extra.get("unbounded") else 2.0 if est.extra.get("stalled") else 0.0,
                min_level=est.extra.get("min_level", math.nan),
                importance_ess=est.extra.get("ess", math.nan), importance_khat=est.extra.get("pareto_khat", math.nan))
+
+
+def _estimate(problem, estimator: str, eps: float, seed: int, sizes: dict):
+    return ESTIMATORS[estimator](problem, eps, generator=torch.Generator().manual_seed(int(seed)),
+                                 n_samples=int(sizes["n_samples"]), n_repeats=int(sizes["n_repeats"]),
+                                 p0=float(sizes["p0"]), n_importance=int(sizes["n_importance"]))
+
+
+def _probability_cell(out: dict, mdl, x_star, model: str, d: int, eps: float, R: float, R2: float, A: float,
+                      domain: str, estimator: str, t0: float, seed: int, sizes: dict) -> dict[str, float]:
+    """F000-5: log P((z, t) ∈ S_eps) for (z, t) uniform on V = B_R × [-R2, R2] or (z, t) ~ N(0, I).
+
+    Cylinder: Cor 1 bounds (30) and (31)-corrected (linreg; the density is constant on V, so
+    L_g = 0 and there is no tail term), and log_volume = log P + log mu(V) = log mu(S_eps ∩ V).
+    Gaussian: no bound (the paper gives no tail constants (C, ω) for it; P000-14 applies where the
+    hypotheses hold) and log_volume NaN (no reference volume)."""
+    out["predicted_exponent"] = float(d) if model in ("linreg", "relu1") else out["thm2_exponent"]
+    if domain == "cylinder":
+        problem = cylinder_problem(mdl.loss, mdl.w, x_star, R, R2)
+        log_V = log_ball_volume(d, R) + math.log(2 * R2)
+        out["log_ball_volume"] = log_V
+        if model == "linreg":
+            b30 = fb.cor1_eq30(d, R, R2, eps)
+            b31 = fb.cor1_eq31_corrected(d, R, R2, eps, A)
+            out.update(log_probability_bound_cor1_eq30=_valid(b30), log_probability_bound_cor1_eq31_corrected=_valid(b31))
+            valid = [v for v in (_valid(b30), _valid(b31)) if math.isfinite(v)]
+            out["log_probability_bound"] = min(valid) if valid else math.nan
+    else:
+        problem = gaussian_problem(mdl.loss, mdl.w, x_star)
+        log_V = math.nan
+    est = _estimate(problem, estimator, eps, seed, sizes)
+    _store_estimate(out, est, log_ref=0.0)
+    out["log_volume"] = est.log_volume + log_V
     return _finish(out, t0)
 
 

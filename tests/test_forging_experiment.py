@@ -1,4 +1,4 @@
-"""Paper 000: the ``forging`` experiment definition and its figures (F000-1, F000-3).
+"""Paper 000: the ``forging`` experiment definition and its figures (F000-1, F000-3, F000-5, F000-6).
 
 Uses the registry of flows/experiments directly (no Prefect/Dask); synthetic stores are built
 from ``run_bundle`` outputs with xarray.
@@ -40,6 +40,8 @@ def test_experiment_registered_with_documented_params_and_vars():
     (dict(m=2, domain="slab", estimator="naive_mc"), "domain"),
     (dict(m=3, B=2, domain="ball", estimator="naive_mc"), "B"),
     (dict(B=4, domain="slab", estimator="naive_mc"), "domain"),
+    (dict(domain="cylinder", estimator="exact"), "estimator"),
+    (dict(domain="cylinder", d=1, estimator="naive_mc"), "d"),
     (dict(estimator="subset_simulation", n_samples=1234), "n_samples"),
     (dict(estimator="subset_simulation", n_repeats=5), "n_repeats"),
 ])
@@ -122,6 +124,41 @@ def test_F000_6_batch_figure_draws_one_line_per_m(tmp_path):
     for m in m_vals:
         one = ds.sel(m=m)
         assert _small_eps_slope(ds.eps.values, one.log_volume.values) >= float(one.predicted_exponent[0]) - 0.2
+
+
+def test_F000_5_P000_14_probability_cells_and_figure(tmp_path):
+    """F000-5 / P000-14: P(forge) for (z, t) uniform on B_2 × [-4, 4] stays below Cor 1 (within 3 SE
+    of the estimate), log_volume = log P + log vol(V); under N(0, I) nested sampling and naive MC
+    agree; the report draws probability panels with the bounds."""
+    from analysis.forging import figures
+
+    exp = EXPERIMENTS["forging"]
+    cells = [_cell(d=3, eps=e, domain=dom, R=2.0, R2=4.0, estimator=est, n_samples=n)
+             for dom in ("cylinder", "gaussian") for e in (0.1, 0.3)
+             for est, n in (("naive_mc", 200_000), ("nested_sampling", 500))]
+    for c in cells:
+        exp.check(c)
+    res = exp.run_bundle(cells, "cpu")
+    for c, r in zip(cells, res):
+        assert np.isfinite(r["log_probability"]) and r["log_volume_stderr"] < 0.5, (c, r)
+        if c["domain"] == "cylinder":
+            assert r["log_probability"] - 3 * r["log_volume_stderr"] <= r["log_probability_bound"]
+            assert r["log_probability_bound"] == min(r["log_probability_bound_cor1_eq30"],
+                                                     r["log_probability_bound_cor1_eq31_corrected"])
+            assert r["log_volume"] == pytest.approx(r["log_probability"] + r["log_ball_volume"])
+        else:
+            assert np.isnan(r["log_volume"]) and np.isnan(r["log_probability_bound"])
+    for i in range(0, len(res), 2):  # naive MC vs nested sampling, same cell
+        a, b = res[i], res[i + 1]
+        assert abs(a["log_probability"] - b["log_probability"]) < 3 * np.hypot(a["log_volume_stderr"],
+                                                                                b["log_volume_stderr"])
+    shape = (2, 2, 2)
+    data = {v: (("domain", "eps", "estimator"), np.array([r[v] for r in res]).reshape(shape)) for v in exp.variables}
+    ds = xr.Dataset(data, coords={"domain": ["cylinder", "gaussian"], "eps": [0.1, 0.3],
+                                  "estimator": ["naive_mc", "nested_sampling"]})
+    ds["done"] = (("domain", "eps", "estimator"), np.ones(shape, dtype=bool))
+    paths = [p for p in figures(ds, tmp_path) if "forging_volume" in p.name]
+    assert len(paths) == 4 and all(p.stat().st_size > 5000 for p in paths)
 
 
 def test_F000_1_figure(tmp_path):

@@ -29,7 +29,10 @@ P = {
     "A": Param(float, 1.0, "||∇_w f(w; x*)||: y* is set so the target gradient has this norm (spec §4)", gt=0),
     "width": Param(int, 8, "hidden width n of the one-layer nets (ignored for linreg)", min=1),
     "domain": Param(str, "slab", "slab: z ∈ B_R, label unrestricted (Props 2/4); ball: x = (z, t) ∈ B_R(x*) "
-                    "(§4 / Thm 2; with m > 1 the batch set of Eq 41)", choices=("slab", "ball")),
+                    "(§4 / Thm 2; with m > 1 the batch set of Eq 41); cylinder / gaussian: forging probability "
+                    "for (z, t) uniform on B_R × [-R2, R2] (Cor 1) or ~ N(0, I) (F000-5)",
+                    choices=("slab", "ball", "cylinder", "gaussian")),
+    "R2": Param(float, 4.0, "cylinder: half-height of the label interval [-R2, R2] (F000-5)", gt=0),
     "label": Param(str, "sampled", "slab only: label sampled (real-gradient membership, P000-2) or integrated "
                    "out exactly (Rao-Blackwellised)", choices=("sampled", "integrated")),
     "estimator": Param(str, "exact", "volume method; 'exact' = T000-2x (linreg, slab, m = 1 only)",
@@ -50,12 +53,20 @@ P = {
 
 V = {
     "log_volume": Var("log(volume)", "natural log of mu(S_eps ∩ domain) (slab: (d+1)-dim measure, z ∈ B_R, t ∈ R; "
-                      "ball/batch: measure in R^{m(d+1)}); +inf = unbounded (status 1)"),
+                      "ball/batch: measure in R^{m(d+1)}; cylinder: mu(S_eps ∩ V); gaussian: NaN, see "
+                      "log_probability); +inf = unbounded (status 1)"),
     "log_volume_stderr": Var("1", "standard error of log_volume (delta method; subset simulation: CV over runs)"),
     "log_volume_exact": Var("log(volume)", "exact T000-2x value (linreg, slab); NaN otherwise"),
     "log_probability": Var("log(probability)", "log of the forging probability under the uniform law on the "
-                           "reference region (slab: {||z||<R, |s| ||z|| <= A+eps}; ball: D2^m)"),
-    "log_ball_volume": Var("log(volume)", "log vol(B_R) of the data ball (slab: R^d; ball: (R^{d+1})^m)"),
+                           "reference region (slab: {||z||<R, |s| ||z|| <= A+eps}; ball: D2^m; cylinder: B_R × [-R2, R2]) or "
+                           "under N(0, I) (gaussian)"),
+    "log_ball_volume": Var("log(volume)", "log vol(B_R) of the data ball (slab: R^d; ball: (R^{d+1})^m; "
+                           "cylinder: vol(B_R × [-R2, R2]))"),
+    "log_probability_bound": Var("log(probability)", "cylinder, linreg: min of the valid Cor 1 bounds "
+                                 "(30) and (31)-corrected on P(forge) (P000-14); NaN otherwise"),
+    "log_probability_bound_cor1_eq30": Var("log(probability)", "cylinder, linreg: Cor 1 (30), L_g = 0, no tail"),
+    "log_probability_bound_cor1_eq31_corrected": Var("log(probability)", "cylinder, linreg: Cor 1 (31) with the "
+                                                     "eps(c eps)^(d-1) correction; NaN where its hypotheses fail"),
     "log_bound": Var("log(volume)", "tightest rigorous bound: min of Prop 2 (16)/(17)-corrected (linreg) or "
                      "Prop 4 (24)/(25)-corrected (ReLU) whose hypotheses hold; NaN otherwise"),
     "log_bound_eq16": Var("log(volume)", "Prop 2 (16) / Prop 4 (24); NaN where hypotheses fail"),
@@ -90,9 +101,9 @@ def check(cell: dict) -> None:
     if cell["estimator"] == "exact":
         if cell["model"] != "linreg":
             raise ConfigError("estimator", f"'exact' exists only for model 'linreg', got model {cell['model']!r}")
-        if cell["domain"] != "slab" or cell["m"] != 1:
-            raise ConfigError("estimator", "'exact' needs domain 'slab' and m = 1 (T000-2x)")
-    if cell["domain"] == "slab" and cell["d"] < 2:
+        if cell["domain"] != "slab" or cell["m"] != 1 or cell["B"] != 1:
+            raise ConfigError("estimator", "'exact' needs domain 'slab' and m = B = 1 (T000-2x)")
+    if cell["domain"] in ("slab", "cylinder") and cell["d"] < 2:
         raise ConfigError("d", f"the slab volume (Props 2/4) needs d >= 2, got {cell['d']}")
     if (cell["m"] > 1 or cell["B"] > 1) and cell["domain"] != "ball":
         raise ConfigError("domain", "batch forging (m > 1 or B > 1) needs domain 'ball'")
