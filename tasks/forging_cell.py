@@ -7,6 +7,8 @@ w, x* ~ N(0, I) from ``model_seed``; y* = φ(x*) - A/||h(x*)|| so that ||∇_w f
 domain = "slab": z ∈ B_R, label unrestricted (Props 2/4, D000-2/3); "ball": x = (z, t) in
 D2 = B_R(x*) ⊂ R^{d+1} (§4, D000-4), with m > 1 or B > 1 the batch set of Eq 41 on D2^m (§5, D000-6:
 m of the B points of a batch replaced; m = 1 < B is one replaced point seen through the 1/B batch mean).
+"cylinder" / "gaussian": the forging probability for (z, t) uniform on B_R × [-R2, R2] (§3.3, Cor 1)
+or (z, t) ~ N(0, I) (F000-5); the label parameter does not apply (the law fixes it).
 """
 
 from __future__ import annotations
