@@ -132,5 +132,5 @@ EXPERIMENT = register(Experiment(
     summary=("log_volume", "log_volume_stderr", "log_volume_exact", "log_bound", "n_gradient_evals", "nullity",
              "status"),
     spec_ids=("F000-3", "F000-4", "F000-5", "F000-6", "P000-2", "P000-3", "P000-4", "P000-5", "P000-6", "P000-8",
-              "P000-10", "P000-12", "P000-13"),
+              "P000-10", "P000-12", "P000-13", "P000-14"),
 ))
