@@ -10,7 +10,6 @@ Everything is drawn from the dataset; no numbers are hard-coded.
 from __future__ import annotations
 
 import itertools
-import json
 import pathlib
 
 import matplotlib
@@ -21,6 +20,7 @@ import numpy as np  # noqa: E402
 import xarray as xr  # noqa: E402
 
 from analysis.common import finish  # noqa: E402
+from storage.query import fixed_params  # noqa: E402
 from tasks.forging_cell import PROBABILITY_DOMAINS  # noqa: E402
 from tasks.forging_estimators import fit_log_slope  # noqa: E402
 from tasks.forging_sgd import figure1_trajectories  # noqa: E402
@@ -62,8 +62,7 @@ def _domain(ds: xr.Dataset, sel: dict) -> str:
     """The panel's domain: its grid coordinate, else the config's fixed parameter (store identity)."""
     if "domain" in sel:
         return str(sel["domain"])
-    ident = json.loads(ds.attrs.get("kktlab_identity", "{}") or "{}")
-    return str(ident.get("params", {}).get("domain", "slab"))
+    return str(fixed_params(ds).get("domain", "slab"))
 
 
 def _volume_panel(ds: xr.Dataset, sel: dict, out: pathlib.Path, note: str) -> pathlib.Path:

@@ -37,6 +37,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch  # noqa: E402
 
 from benchmarks.common import write  # noqa: E402
+from deploy import launch  # noqa: E402
 from flows import runtime  # noqa: E402
 from tasks.calibrate import busy  # noqa: E402
 
@@ -52,19 +53,13 @@ def calibrate(seconds: float) -> int:
         n *= 4
 
 
-ADDRESS: str | None = None  # set by --cluster address
-
-
-def sweep(n_cells: int, n_matmuls: int, workers: int, bundle_size: int, tmp: str) -> tuple[float, dict]:
+def sweep(n_cells: int, n_matmuls: int, runner: dict, bundle_size: int, tmp: str) -> tuple[float, dict]:
     from flows.sweep import run
     from kktlab import config
 
-    runner = {"workers": workers, "bundle_size": bundle_size}
-    if ADDRESS:
-        runner.update(cluster="address", address=ADDRESS)
     cfg = config.parse({"experiment": "calibrate", "name": f"c{n_matmuls}x{n_cells}",
                         "grid": {"seed": list(range(n_cells))}, "params": {"n_matmuls": n_matmuls},
-                        "runner": runner})
+                        "runner": dict(runner, bundle_size=bundle_size)})
     t0 = time.perf_counter()
     stats = run(cfg, os.path.join(tmp, "bench.zarr"))
     return time.perf_counter() - t0, stats
@@ -91,28 +86,17 @@ def settle(max_s: float = 60.0) -> float:
     return time.perf_counter() - t0
 
 
-@contextlib.contextmanager
-def persistent_cluster(workers: int, tmp: str):
-    """A `dask scheduler` and `workers` `dask worker` processes on 127.0.0.1, started once
-    (deploy/launch.py, as `make dask-scheduler` / `make dask-worker` start them)."""
-    from deploy import launch
-
-    global ADDRESS
-    with launch.dask_cluster(workers, tmp) as (address, _, _):
-        ADDRESS = address
-        try:
-            yield address
-        finally:
-            ADDRESS = None
-
-
 def measure(a, sizes, tmp) -> tuple[list[dict], dict, float]:
     rows = []
-    with runtime.prefect_api(), (persistent_cluster(a.workers, tmp) if a.cluster == "address"
-                                 else contextlib.nullcontext()):
-        sweep(2, 1, a.workers, 1, tmp)  # warm-up: imports, first flow run
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(runtime.prefect_api())
+        runner = {"workers": a.workers}
+        if a.cluster == "address":  # started once, as `make dask-scheduler` / `make dask-worker` do
+            address, _, _ = stack.enter_context(launch.dask_cluster(a.workers, tmp))
+            runner.update(cluster="address", address=address)
+        sweep(2, 1, runner, 1, tmp)  # warm-up: imports, first flow run
         settle()
-        startup = min(sweep(1, 0, a.workers, 1, f"{tmp}/s{i}")[0] for i in range(2) if settle() >= 0)
+        startup = min(sweep(1, 0, runner, 1, f"{tmp}/s{i}")[0] for i in range(2) if settle() >= 0)
         print(f"start-up of an empty sweep (cluster, workers, flow run): {startup:.1f} s", flush=True)
         for seconds, n_cells in sizes:
             n_mm = calibrate(seconds)
@@ -127,7 +111,7 @@ def measure(a, sizes, tmp) -> tuple[list[dict], dict, float]:
             sweeps = {}
             for bundle_size in (64, 1):  # default bundling / one Prefect task per cell (worst case)
                 waited = settle()
-                sweeps[bundle_size] = (*sweep(n_cells, n_mm, a.workers, bundle_size, f"{tmp}/b{bundle_size}"), waited)
+                sweeps[bundle_size] = (*sweep(n_cells, n_mm, runner, bundle_size, f"{tmp}/b{bundle_size}"), waited)
             after = direct_run()  # the VM's speed drifts: the reference is the mean of both sides
             direct = 0.5 * (before + after)
             for bundle_size, (t_sweep, stats, waited) in sweeps.items():
@@ -145,7 +129,7 @@ def measure(a, sizes, tmp) -> tuple[list[dict], dict, float]:
                       f"sweep {t_sweep:.1f} s on {a.workers} workers (ideal {ideal:.1f} s) -> overhead "
                       f"{100 * row['overhead_fraction']:.1f}% ({100 * row['steady_overhead_fraction']:.1f}% without "
                       f"the {startup:.1f} s start-up)", flush=True)
-        t_big, big = sweep(a.big, 0, a.workers, 500, tmp)
+        t_big, big = sweep(a.big, 0, runner, 500, tmp)
         print(f"largest sweep: {big['written']} cells in {big['bundles']} bundles, {t_big:.1f} s", flush=True)
     return rows, big, t_big
 

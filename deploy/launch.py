@@ -23,16 +23,17 @@ import sys
 import time
 import urllib.request
 
+from flows.runtime import QUIET_ENV
+
 BIN = os.path.dirname(sys.executable)
 
-WORKER_ENV = {
-    "OMP_NUM_THREADS": "1",
-    "OMP_WAIT_POLICY": "PASSIVE",
-    "DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED": "False",
-    "DASK_DISTRIBUTED__WORKER__DAEMON": "false",
-    "DO_NOT_TRACK": "1",
-    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-}
+# kktlab's offline defaults (logging left at its default: a worker's log says whom it joined) + one OpenMP thread
+WORKER_ENV = {**{k: v for k, v in QUIET_ENV.items() if "LOGGING" not in k}, "OMP_NUM_THREADS": "1"}
+
+
+def worker_env() -> dict:
+    """WORKER_ENV, less what the caller's environment already sets (the user's settings win)."""
+    return {k: v for k, v in WORKER_ENV.items() if k not in os.environ}
 
 
 def free_port() -> int:
@@ -125,7 +126,7 @@ def dask_cluster(n_workers: int, log_dir, gpu: bool = False):
     try:
         for i in range(n_workers):
             workers.append(start(worker_args(address, f"w{i}", gpu=gpu), os.path.join(log_dir, f"worker-w{i}.log"),
-                                 WORKER_ENV))
+                                 worker_env()))
         wait_workers(address, n_workers)
         yield address, sched, workers
     finally:
@@ -149,7 +150,7 @@ def main(argv=None) -> int:
     if a.what == "scheduler":
         args, env = scheduler_args(a.host, a.port), {}
     else:
-        args, env = worker_args(a.address, a.name, a.host, a.gpu), WORKER_ENV
+        args, env = worker_args(a.address, a.name, a.host, a.gpu), worker_env()
     os.execve(args[0], args, dict(os.environ, **env))
     return 0  # not reached
 

@@ -154,9 +154,8 @@ def parse(raw: Any, text: str = "") -> Config:
             raise ConfigError(f, "empty list: a grid axis needs at least one value")
         vals = []
         for i, v in enumerate(values):
-            if isinstance(v, dict):
-                v = _case(exp, name, key, f"{f}[{i}]", v, grid_raw, cases)
-            vals.append(coerce(f, exp.params[key], v))
+            vals.append(_case(exp, name, key, f"{f}[{i}]", v, grid_raw, cases) if isinstance(v, dict)
+                        else coerce(f, exp.params[key], v))
         if len(set(vals)) != len(vals):
             raise ConfigError(f, f"duplicate values in {vals}")
         grid[key] = vals

@@ -69,6 +69,11 @@ def summary(ds: xr.Dataset, over: str = "seed", max_rows: int = 40, variables: t
         return df.to_string()
 
 
+def fixed_params(ds: xr.Dataset) -> dict:
+    """The config's fixed parameters (not grid axes) that made this group, from its identity."""
+    return json.loads(ds.attrs.get("kktlab_identity") or "{}").get("params", {})
+
+
 def provenance(ds: xr.Dataset) -> dict:
     return {k: (json.loads(v) if k == "versions" else v) for k, v in ds.attrs.items()
             if k in ("kktlab_experiment", "git_commit", "device", "created", "versions", "host")}

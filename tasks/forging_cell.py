@@ -107,9 +107,9 @@ def forging_cell(*, model: str, d: int, eps: float, R: float = 1.0, A: float = 1
                m0_sigma_min=float(nz.min()) if nz.numel() else math.nan,
                thm2_exponent=(Dm - r) / 2, tube_exponent=float(Dm - r))
 
+    sizes = dict(n_samples=int(n_samples), n_repeats=int(n_repeats), p0=float(p0), n_importance=int(n_importance))
     if domain in PROBABILITY_DOMAINS:
-        return _probability_cell(out, mdl, x_star, model, d, eps, R, R2, A, domain, estimator, t0, seed,
-                                 dict(n_samples=n_samples, n_repeats=n_repeats, p0=p0, n_importance=n_importance))
+        return _probability_cell(out, mdl, x_star, model, d, eps, R, R2, A, domain, estimator, t0, seed, sizes)
     if domain == "slab":
         out["log_ball_volume"] = log_ball_volume(d, R)
         log_ref = linreg_log_region_measure(d, R, G + eps)  # region U sampled by label='sampled'
@@ -137,8 +137,7 @@ def forging_cell(*, model: str, d: int, eps: float, R: float = 1.0, A: float = 1
             out["log_bound_thm2"] = _valid(b)
         problem = ball_problem(mdl.loss, mdl.w, x_star, R) if not batch else \
             batch_problem(mdl.loss, mdl.w, x_star, m, B, R)
-    est = _estimate(problem, estimator, eps, seed,
-                    dict(n_samples=n_samples, n_repeats=n_repeats, p0=p0, n_importance=n_importance))
+    est = _estimate(problem, estimator, eps, seed, sizes)
     _store_estimate(out, est, log_ref)
     return _finish(out, t0)
 
@@ -153,9 +152,7 @@ def _store_estimate(out: dict, est, log_ref: float) -> None:
 
 
 def _estimate(problem, estimator: str, eps: float, seed: int, sizes: dict):
-    return ESTIMATORS[estimator](problem, eps, generator=torch.Generator().manual_seed(int(seed)),
-                                 n_samples=int(sizes["n_samples"]), n_repeats=int(sizes["n_repeats"]),
-                                 p0=float(sizes["p0"]), n_importance=int(sizes["n_importance"]))
+    return ESTIMATORS[estimator](problem, eps, generator=torch.Generator().manual_seed(int(seed)), **sizes)
 
 
 def _probability_cell(out: dict, mdl, x_star, model: str, d: int, eps: float, R: float, R2: float, A: float,

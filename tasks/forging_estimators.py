@@ -17,13 +17,14 @@ and a weight W:
   loss / centre), g(x) = ||∇_w f(w; x) - ∇_w f(w; x*)||, W = 1[g <= eps]; ``batch_problem`` is the
   §5 version on D2^m (Eq 41); ``cylinder_problem`` / ``gaussian_problem`` give probabilities (F000-5).
 
-Estimators (registered by name in :data:`tasks.forging_registry.ESTIMATORS`, same signature ``fn(problem, eps, *, generator,
-n_samples, **options) -> VolumeEstimate``): ``naive_mc`` (plain MC average of W; on the integrated
+Estimators (registered by name in :data:`tasks.forging_registry.ESTIMATORS`, same signature
+``fn(problem, eps, *, generator, n_samples, **options) -> VolumeEstimate``): ``naive_mc`` (plain MC average of W; on the integrated
 slab problem it is the Rao-Blackwellised MC of F000-3) and ``subset_simulation`` (adaptive levels
 p0 = 0.1, pCN moves seeded from all level samples (spec §6.6), ``n_repeats`` >= 10 independent runs
 batched in one tensor; the stated standard error is the CV across runs, spec §5), and
 ``subset_importance`` (tasks/forging_importance.py: subset simulation as a pilot, then importance
-sampling; the one that reaches 1e-30 within 1 % at 1e6 evaluations).
+sampling; the one that reaches 1e-30 within 1 % at 1e6 evaluations) and ``nested_sampling``
+(tasks/forging_nested.py: the whole log mu(eps) curve per run).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from tasks.forging_models import SquaredLossModel, batch_forging_mismatch, featu
 
 __all__ = [
     "ForgingProblem", "VolumeEstimate", "slab_problem", "ball_problem", "batch_problem",
-    "cylinder_problem", "gaussian_problem", "naive_mc", "subset_simulation",
+    "cylinder_problem", "gaussian_problem", "naive_mc", "subset_simulation", "estimate_from_runs",
     "fit_log_slope", "naive_mc_samples_for",
 ]
 
@@ -388,19 +389,26 @@ def subset_simulation_samples(problem: ForgingProblem, eps: float, *, generator:
     samples = (xi[alive].reshape(-1, k), g[alive].reshape(-1)) if alive.any() else (None, None)
     log_runs = torch.where(alive, log_p + torch.log(W.mean(1)), torch.full_like(log_p, -math.inf))
     evals += n_eval * problem.evals_per_point
-    extra = {"n_levels": len(levels), "levels": levels, "sigmas": sigmas,
-             "log_runs": (log_runs + problem.log_measure).tolist()}
+    extra = {"n_levels": len(levels), "levels": levels, "sigmas": sigmas}
+    return estimate_from_runs("subset_simulation", problem, log_runs, evals, hits, extra), *samples
+
+
+def estimate_from_runs(method: str, problem: ForgingProblem, log_runs: torch.Tensor, evals: int, hits: int,
+                       extra: dict) -> VolumeEstimate:
+    """Combine R independent runs' log E[W] estimates (spec §5): the mean of the runs in linear
+    space, stated stderr of its log = sd(runs) / (sqrt(R) · mean); +inf if a run is unbounded,
+    -inf if every run is 0. Adds ``log_runs`` and ``cv_single_run`` to ``extra``."""
+    R = log_runs.numel()
+    extra["log_runs"] = (log_runs + problem.log_measure).tolist()
     if torch.isposinf(log_runs).any():
-        return VolumeEstimate("subset_simulation", math.inf, math.nan, evals, hits, math.inf,
-                              dict(extra, unbounded=True)), *samples
+        return VolumeEstimate(method, math.inf, math.nan, evals, hits, math.inf, dict(extra, unbounded=True))
     log_mean = float(torch.logsumexp(log_runs, 0)) - math.log(R)
     if not math.isfinite(log_mean):
-        return VolumeEstimate("subset_simulation", -math.inf, math.nan, evals, 0, -math.inf, extra), *samples
+        return VolumeEstimate(method, -math.inf, math.nan, evals, 0, -math.inf, extra)
     rel = torch.exp(log_runs - log_mean)  # p_r / mean
     se_log = float(rel.std(unbiased=True)) / math.sqrt(R)
     extra["cv_single_run"] = se_log * math.sqrt(R)
-    return (VolumeEstimate("subset_simulation", problem.log_measure + log_mean, se_log, evals, hits, log_mean, extra),
-            *samples)
+    return VolumeEstimate(method, problem.log_measure + log_mean, se_log, evals, hits, log_mean, extra)
 
 
 def fit_log_slope(eps: np.ndarray, log_volume: np.ndarray) -> tuple[float, float, float]:
@@ -420,4 +428,3 @@ def fit_log_slope(eps: np.ndarray, log_volume: np.ndarray) -> tuple[float, float
     s2 = float(np.sum((y - X @ coef) ** 2)) / (len(x) - 2)
     se = math.sqrt(s2 / float(np.sum((x - x.mean()) ** 2)))
     return float(coef[0]), float(coef[1]), se
-

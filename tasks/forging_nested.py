@@ -27,7 +27,7 @@ import math
 
 import torch
 
-from tasks.forging_estimators import ForgingProblem, VolumeEstimate, _check_eps
+from tasks.forging_estimators import ForgingProblem, VolumeEstimate, _check_eps, estimate_from_runs
 
 __all__ = ["nested_sampling"]
 
@@ -122,18 +122,8 @@ def nested_sampling(problem: ForgingProblem, eps: float, *, generator: torch.Gen
     if stalled.any():
         return VolumeEstimate("nested_sampling", math.nan, math.nan, evals, 0, math.nan,
                               dict(extra, stalled=True, min_level=float(torch.stack(history).min(0).values[stalled].max())))
-    log_runs = log_x + problem.weight(g, scale, eps).mean(1).log()
-    hits = int((g <= eps).sum())
-    extra["log_runs"] = (log_runs + problem.log_measure).tolist()
-    if torch.isposinf(log_runs).any():
-        return VolumeEstimate("nested_sampling", math.inf, math.nan, evals, hits, math.inf, dict(extra, unbounded=True))
-    log_mean = float(torch.logsumexp(log_runs, 0)) - math.log(R)
-    if not math.isfinite(log_mean):
-        return VolumeEstimate("nested_sampling", -math.inf, math.nan, evals, 0, -math.inf, extra)
-    rel = torch.exp(log_runs - log_mean)
-    se_log = float(rel.std(unbiased=True)) / math.sqrt(R)
     alpha = K / N
     c = alpha / ((1 - alpha) * shrink)
-    extra["cv_single_run"] = se_log * math.sqrt(R)
     extra["stderr_analytic"] = math.sqrt(c * max(-float(log_x.mean()), 0.0) / N / R)
-    return VolumeEstimate("nested_sampling", problem.log_measure + log_mean, se_log, evals, hits, log_mean, extra)
+    log_runs = log_x + problem.weight(g, scale, eps).mean(1).log()
+    return estimate_from_runs("nested_sampling", problem, log_runs, evals, int((g <= eps).sum()), extra)

@@ -18,3 +18,5 @@ ESTIMATORS: dict[str, Callable[..., VolumeEstimate]] = {
     "subset_importance": subset_importance,  # splitting pilot + defensive importance sampling (§6 item 6)
     "nested_sampling": nested_sampling,      # nested sampling, the whole log mu(eps) curve per run (§6 item 5b)
 }
+LEVELLED = ("subset_simulation", "subset_importance")  # levels of probability p0 from n_samples points
+REPEATED = (*LEVELLED, "nested_sampling")  # stated stderr from n_repeats independent runs (spec §5)

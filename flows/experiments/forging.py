@@ -17,7 +17,7 @@ from __future__ import annotations
 from flows.experiments import Experiment, Param, Var, register
 from kktlab.errors import ConfigError
 from tasks.forging_cell import OUTPUTS, cell_cost, forging_cell
-from tasks.forging_registry import ESTIMATORS
+from tasks.forging_registry import ESTIMATORS, LEVELLED, REPEATED
 from tasks.forging_models import MODELS
 
 P = {
@@ -109,13 +109,12 @@ def check(cell: dict) -> None:
         raise ConfigError("domain", "batch forging (m > 1 or B > 1) needs domain 'ball'")
     if cell["B"] < cell["m"]:
         raise ConfigError("B", f"batch size B = {cell['B']} must be >= m = {cell['m']}")
-    if cell["estimator"] in ("subset_simulation", "subset_importance"):
+    if cell["estimator"] in LEVELLED:
         n_seed = round(cell["p0"] * cell["n_samples"])
         if n_seed < 1 or cell["n_samples"] % n_seed or n_seed == cell["n_samples"]:
             raise ConfigError("n_samples", f"must be a multiple of p0·n_samples (= {n_seed}) and larger than it")
-    if cell["estimator"] in ("subset_simulation", "subset_importance", "nested_sampling"):
-        if cell["n_repeats"] < 10:
-            raise ConfigError("n_repeats", "spec §5: rare-event estimators report a CV from >= 10 repetitions")
+    if cell["estimator"] in REPEATED and cell["n_repeats"] < 10:
+        raise ConfigError("n_repeats", "spec §5: rare-event estimators report a CV from >= 10 repetitions")
 
 
 def run_bundle(cells: list[dict], device: str = "auto") -> list[dict]:
