@@ -44,7 +44,7 @@ worker: install
 	PREFECT_API_URL=http://127.0.0.1:$(PPORT)/api $(BIN)/prefect worker start --pool $(POOL) --type process
 
 deploy: install
-	PREFECT_API_URL=http://127.0.0.1:$(PPORT)/api $(BIN)/python -m deploy.prefect_deploy --pool $(POOL)
+	PREFECT_API_URL=http://127.0.0.1:$(PPORT)/api $(BIN)/kktlab deploy --pool $(POOL)
 
 dask-scheduler: install
 	$(BIN)/python -m deploy.launch scheduler --host $(DHOST) --port $(DPORT)

@@ -1,5 +1,5 @@
 """Paper 000 figures from a ``forging`` store (F000-3/4/6 package validation figures) and the
-paper's Fig 1 (F000-1, recomputed via tasks.forging_sgd; it is not a grid experiment).
+paper's Fig 1 (F000-1, recomputed via tasks.forging.sgd; it is not a grid experiment).
 
 F000-3: log mu vs log eps, one line per d, points ± 1.96 SE for estimators, solid exact curve where
 stored, dashed bounds ((16), (17)-paper, (17)-corrected), slope fitted at report time over the
@@ -21,9 +21,9 @@ import xarray as xr  # noqa: E402
 
 from analysis.common import finish  # noqa: E402
 from storage.query import fixed_params  # noqa: E402
-from tasks.forging_cell import PROBABILITY_DOMAINS  # noqa: E402
-from tasks.forging_estimators import fit_log_slope  # noqa: E402
-from tasks.forging_sgd import figure1_trajectories  # noqa: E402
+from tasks.cells.forging import PROBABILITY_DOMAINS  # noqa: E402
+from tasks.forging.slopes import fit_log_slope  # noqa: E402
+from tasks.forging.sgd import figure1_trajectories  # noqa: E402
 
 _PANEL_DIMS = ("model", "estimator", "A", "domain", "label", "width", "m")
 

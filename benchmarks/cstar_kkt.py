@@ -21,14 +21,14 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from benchmarks.common import timed, write  # noqa: E402
-from tasks import attack, kkt, models, train  # noqa: E402
+from tasks import attacks, data, kkt, nets, train# noqa: E402
 
 
 def trained_stack(E, d, m, k, device):
-    net, X, y = models.synthetic_stack(range(E), d, m, k)
+    net, X, y = data.synthetic_stack(range(E), d, m, k)
     st = train.train(net, X, y, train.Schedule(lr0=1e-2, period=10, target_loss=1e-8, max_iters=4000))
     mv = lambda t: t.to(device)  # noqa: E731
-    return models.TwoLayer(mv(st.net.W), mv(st.net.b), mv(st.net.v)), mv(X), mv(y)
+    return nets.TwoLayer(mv(st.net.W), mv(st.net.b), mv(st.net.v)), mv(X), mv(y)
 
 
 def main(argv=None):
@@ -41,18 +41,18 @@ def main(argv=None):
     a = ap.parse_args(argv)
     net, X, y = trained_stack(a.E, a.d, a.m, a.k, a.device)
     valid = torch.ones_like(y, dtype=torch.bool)
-    I = attack.margin_set(y * net(X), valid)
-    z = attack.margin_direction(net, X, y, I)
+    I = kkt.margin_set(y * net(X), valid)
+    z = attacks.margin_direction(net, X, y, I)
     cap = torch.full((a.E,), 20 * math.sqrt(a.d), dtype=X.dtype, device=X.device)
-    t_exact, ex = timed(lambda: attack.c_star_exact(net, X, y, I, z, cap=cap), a.device)
-    t_bis, bis = timed(lambda: attack.c_star_bisection(net, X, y, I, z, cap=cap), a.device)
+    t_exact, ex = timed(lambda: attacks.c_star_exact(net, X, y, I, z, cap=cap), a.device)
+    t_bis, bis = timed(lambda: attacks.c_star_bisection(net, X, y, I, z, cap=cap), a.device)
     fin = torch.isfinite(ex.c_star)
     agree = float((ex.c_star[fin] - bis[fin]).abs().max()) if fin.any() else float("nan")
 
     def loop_cstar():
         for e in range(a.E):
             s = slice(e, e + 1)
-            attack.c_star_exact(net.select(s), X[s], y[s], I[s], z[s], cap=cap[s])
+            attacks.c_star_exact(net.select(s), X[s], y[s], I[s], z[s], cap=cap[s])
 
     t_cloop, _ = timed(loop_cstar, a.device)
     t_kkt, fit = timed(lambda: kkt.kkt_fit(net, X, y, valid), a.device)

@@ -34,12 +34,12 @@ from scipy.optimize import brentq
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from tasks.forging_estimators import (naive_mc, naive_mc_samples_for, slab_problem,  # noqa: E402
-                                      subset_simulation)
-from tasks.forging_importance import subset_importance  # noqa: E402
-from tasks.forging_nested import nested_sampling  # noqa: E402
-from tasks.forging_exact import linreg_log_region_measure, linreg_log_volume  # noqa: E402
-from tasks.forging_models import make_model, make_target  # noqa: E402
+from tasks.forging.estimators import naive_mc, naive_mc_samples_for, subset_simulation  # noqa: E402
+from tasks.forging.problems import slab_problem  # noqa: E402
+from tasks.forging.estimators.importance import subset_importance  # noqa: E402
+from tasks.forging.estimators.nested import nested_sampling  # noqa: E402
+from tasks.forging.exact import linreg_log_region_measure, linreg_log_volume  # noqa: E402
+from tasks.forging.models import make_model, make_target  # noqa: E402
 
 
 def eps_for_probability(d: int, A: float, R: float, p: float) -> float:

@@ -38,8 +38,8 @@ import torch  # noqa: E402
 
 from benchmarks.common import write  # noqa: E402
 from deploy import launch  # noqa: E402
-from flows import runtime  # noqa: E402
-from tasks.calibrate import busy  # noqa: E402
+from deploy import runtime  # noqa: E402
+from tasks.cells.calibrate import busy  # noqa: E402
 
 
 def calibrate(seconds: float) -> int:
@@ -55,7 +55,7 @@ def calibrate(seconds: float) -> int:
 
 def sweep(n_cells: int, n_matmuls: int, runner: dict, bundle_size: int, tmp: str) -> tuple[float, dict]:
     from flows.sweep import run
-    from kktlab import config
+    from flows import config
 
     cfg = config.parse({"experiment": "calibrate", "name": f"c{n_matmuls}x{n_cells}",
                         "grid": {"seed": list(range(n_cells))}, "params": {"n_matmuls": n_matmuls},

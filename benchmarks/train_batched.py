@@ -19,11 +19,11 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from benchmarks.common import timed, write  # noqa: E402
-from tasks import models, train  # noqa: E402
+from tasks import data, train# noqa: E402
 
 
 def setup(E, d, m, k, dtype, device):
-    return models.synthetic_stack(range(E), d, m, k, dtype=dtype, device=device)
+    return data.synthetic_stack(range(E), d, m, k, dtype=dtype, device=device)
 
 
 def main(argv=None):

@@ -18,7 +18,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from benchmarks.common import timed, write  # noqa: E402
-from tasks import data, models, train  # noqa: E402
+from tasks import data, nets, train# noqa: E402
 
 # dense fp32 / fp64 peaks (non-tensor-core fp32, fp64 tensor core) from the vendor data sheets
 SPEC_PEAK_TFLOPS = {"H100": {"float32": 67.0, "float64": 67.0}, "H200": {"float32": 67.0, "float64": 67.0}}
@@ -47,7 +47,7 @@ def main(argv=None):
     dtype = getattr(torch, a.dtype)
     g = data.seed_streams(0, (a.d, a.B))
     X, y = data.synthetic("sphere", a.B, a.d, g)
-    net = models.init_two_layer(a.d, a.k, g["init"], dtype=dtype, device=a.device)
+    net = nets.init_two_layer(a.d, a.k, g["init"], dtype=dtype, device=a.device)
     X, y = X.to(a.device, dtype)[None], y.to(a.device, dtype)[None]
     sched = train.Schedule(lr0=1e-5, period=100, target_loss=1e-300, max_iters=10**9, sync_every=10**9)
     train.train(net, X, y, sched, max_steps=2)

@@ -23,7 +23,7 @@ import sys
 import time
 import urllib.request
 
-from flows.runtime import QUIET_ENV
+from deploy.runtime import QUIET_ENV
 
 BIN = os.path.dirname(sys.executable)
 

@@ -1,6 +1,6 @@
 """Create the process work pool and one deployment per experiment on a Prefect server.
 
-    PREFECT_API_URL=http://127.0.0.1:4200/api python -m deploy.prefect_deploy --pool kktlab-pool
+    PREFECT_API_URL=http://127.0.0.1:4200/api kktlab deploy --pool kktlab-pool
 
 Each deployment runs ``flows/served.py:submit`` from this checkout (``from_source`` on the
 local folder, so workers must see the same filesystem); its parameters are the config path,
@@ -11,7 +11,6 @@ deployment named after the config's experiment. deploy/prefect.yaml holds the sa
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import pathlib
 
@@ -31,30 +30,15 @@ async def ensure_pool(name: str) -> None:
             pass
 
 
-def deploy_all(pool: str) -> list[str]:
+def deploy_all(pool: str, experiments: dict[str, str]) -> list[str]:
+    """One deployment per experiment (name -> description) of ``ENTRYPOINT`` on ``pool``."""
     from prefect import flow as prefect_flow
-
-    from flows import experiments
 
     asyncio.run(ensure_pool(pool))
     ids = []
-    for name in experiments.names():
+    for name, description in experiments.items():
         remote = prefect_flow.from_source(source=str(ROOT), entrypoint=ENTRYPOINT)
         dep_id = remote.deploy(name=name, work_pool_name=pool, parameters={"config_path": "", "store": None},
-                               description=experiments.get(name).description, print_next_steps=False,
-                               ignore_warnings=True)
+                               description=description, print_next_steps=False, ignore_warnings=True)
         ids.append(str(dep_id))
     return ids
-
-
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--pool", default="kktlab-pool")
-    args = ap.parse_args(argv)
-    ids = deploy_all(args.pool)
-    print(f"deployed {len(ids)} deployments to work pool {args.pool}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -6,7 +6,7 @@ import math
 import os
 from collections import defaultdict
 
-from flows.experiments import Experiment
+from core.declare import Experiment
 
 
 def make_bundles(exp: Experiment, cells: list[tuple[tuple, dict]], bundle_size: int,

@@ -15,14 +15,13 @@ FLOW_NAME = "kktlab-submit"
 @flow(name=FLOW_NAME, log_prints=True, validate_parameters=False)
 def submit(config_path: str, store: str | None = None, overrides: dict | None = None, force: bool = False) -> dict:
     """Run the sweep of ``config_path`` (with top-level ``overrides``) into ``store``."""
-    from flows import runtime
+    from deploy import runtime
+    from flows import config as config_mod
     from flows.sweep import run
-    from kktlab import config as config_mod
-    from kktlab.cli import store_path
 
     runtime.quiet_env()
     cfg = config_mod.load(config_path, overrides or {})
-    path = store_path(cfg, store)
+    path = cfg.store_path(store)
     stats = run(cfg, path, force=force)
     print(f"kktlab: {stats['written']} cells written to {path} group {cfg.name} "
           f"({stats['done_before']} were done before, {stats['total']} in all)")

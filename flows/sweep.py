@@ -17,13 +17,13 @@ import time
 from prefect import flow, task
 from prefect.futures import as_completed
 
+from core.errors import UserError
 from deploy import dask as dask_specs
 from flows import checkpoint as checkpoint_io
+from flows import config as config_mod
 from flows import experiments
 from flows.bundles import make_bundles, memory_budget
 from flows.progress import Progress
-from kktlab import config as config_mod
-from kktlab.errors import UserError
 from storage.store import Store
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -31,11 +31,18 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 @functools.lru_cache(maxsize=1)
 def code_fingerprint() -> str:
-    """Hash of the kernels and experiment definitions (the 'task source' of a bundle)."""
+    """Hash of the kernels and experiment definitions (the 'task source' of a bundle): every
+    ``.py`` below ``tasks/``, ``core/`` and ``flows/experiments/``, recursively, with its path."""
+    return tree_fingerprint(ROOT, ("tasks", "core", "flows/experiments"))
+
+
+def tree_fingerprint(root: pathlib.Path, subdirs: tuple[str, ...]) -> str:
+    """sha256 over (relative path, bytes) of every ``.py`` file below ``root/subdir``, sorted."""
     h = hashlib.sha256()
-    for sub in ("tasks", "flows/experiments"):
-        for f in sorted((ROOT / sub).glob("*.py")):
-            h.update(f.name.encode())
+    for sub in subdirs:
+        for f in sorted((root / sub).rglob("*.py")):
+            h.update(f.relative_to(root).as_posix().encode())
+            h.update(b"\0")
             h.update(f.read_bytes())
     return h.hexdigest()[:16]
 

@@ -7,18 +7,11 @@ import json
 import os
 import sys
 
-from kktlab.errors import UserError
-
-DEFAULT_STORE = "results/{name}.zarr"
-
-
-def store_path(cfg, arg: str | None) -> str:
-    return arg or cfg.store or DEFAULT_STORE.format(name=cfg.name)
-
+from core.errors import UserError
 
 def cmd_run(args) -> int:
     """Run one or more configs (in order) on one Prefect server; each resumes where it stopped."""
-    from kktlab import config as config_mod
+    from flows import config as config_mod
 
     overrides: dict = {}
     runner: dict = {}
@@ -34,13 +27,13 @@ def cmd_run(args) -> int:
         raise UserError("--store with several configs: give each config its own 'store' instead")
     # every config is validated and its store checked before any server or cluster starts
     cfgs = [config_mod.load(path, overrides) for path in args.config]
-    from flows import runtime
+    from deploy import runtime
 
     runtime.quiet_env()
     from flows.sweep import open_store, run
     from storage.query import open_results, summary
 
-    stores = [store_path(cfg, args.store) for cfg in cfgs]
+    stores = [cfg.store_path(args.store) for cfg in cfgs]
     for cfg, store in zip(cfgs, stores):
         open_store(cfg, store, cfg.runner["device"])
     all_stats = []
@@ -62,14 +55,14 @@ def cmd_run(args) -> int:
 
 def cmd_submit(args) -> int:
     """Create a flow run of the experiment's deployment on a Prefect server (served mode)."""
-    from kktlab import config as config_mod
+    from flows import config as config_mod
 
     overrides = {"runner": {"cluster": "address", "address": args.dask_address}} if args.dask_address else {}
     cfg = config_mod.load(args.config, overrides)  # validated here, before anything is queued
     api = os.environ.get("PREFECT_API_URL")
     if not api:
         raise UserError("PREFECT_API_URL is not set: start a server (make server) and export its URL")
-    from flows import runtime
+    from deploy import runtime
 
     runtime.quiet_env()
     from prefect.deployments import run_deployment
@@ -78,7 +71,7 @@ def cmd_submit(args) -> int:
     from flows.served import FLOW_NAME
 
     name = f"{FLOW_NAME}/{cfg.experiment}"
-    params = {"config_path": os.path.abspath(args.config), "store": os.path.abspath(store_path(cfg, args.store)),
+    params = {"config_path": os.path.abspath(args.config), "store": os.path.abspath(cfg.store_path(args.store)),
               "overrides": overrides, "force": args.force}
     try:
         run = run_deployment(name, parameters=params, timeout=None if args.watch else 0)
@@ -89,6 +82,18 @@ def cmd_submit(args) -> int:
     print(f"  store: {params['store']}  (kktlab status {params['store']})")
     if args.watch and not (run.state and run.state.is_completed()):
         return 1
+    return 0
+
+
+def cmd_deploy(args) -> int:
+    """Create the process work pool and one deployment per experiment (served mode)."""
+    from deploy.prefect_deploy import deploy_all
+    from flows import experiments
+
+    if not os.environ.get("PREFECT_API_URL"):
+        raise UserError("PREFECT_API_URL is not set: start a server (make server) and export its URL")
+    ids = deploy_all(args.pool, {name: experiments.get(name).description for name in experiments.names()})
+    print(f"deployed {len(ids)} deployments to work pool {args.pool}")
     return 0
 
 
@@ -159,6 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--force", action="store_true")
     s.add_argument("--watch", action="store_true", help="wait for the flow run to finish")
     s.set_defaults(fn=cmd_submit)
+    s = sub.add_parser("deploy", help="create the work pool and one deployment per experiment (served mode)")
+    s.add_argument("--pool", default="kktlab-pool")
+    s.set_defaults(fn=cmd_deploy)
     s = sub.add_parser("status", help="cells done / total per experiment")
     s.add_argument("store")
     s.set_defaults(fn=cmd_status)

@@ -9,7 +9,7 @@ import numpy as np
 import xarray as xr
 import zarr
 
-from kktlab.errors import StoreError
+from core.errors import StoreError
 from storage import schema
 from storage.store import open_dataset
 

@@ -12,7 +12,7 @@ import dask.array as da
 import numpy as np
 import xarray as xr
 
-from flows.experiments import Experiment
+from core.declare import Experiment
 
 DONE = "done"
 

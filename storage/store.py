@@ -22,8 +22,8 @@ import xarray as xr
 import zarr
 from filelock import FileLock
 
-from flows.experiments import Experiment
-from kktlab.errors import StoreError
+from core.declare import Experiment
+from core.errors import StoreError
 from storage import schema
 
 warnings.filterwarnings("ignore", message=".*Consolidated metadata.*")

@@ -10,7 +10,7 @@ import tempfile
 
 import pytest
 
-from flows import runtime
+from deploy import runtime
 
 runtime.quiet_env()
 os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="kktlab-prefect-")  # hermetic: no cache from earlier runs

@@ -5,12 +5,12 @@ import math
 import pytest
 import torch
 
-from tasks import attack, data, models, train
+from tasks import attacks, data, kkt, nets, train
 
 
 @pytest.fixture(scope="module")
 def trained():
-    net, X, y = models.synthetic_stack(range(4), d=16, m=24, k=32)
+    net, X, y = data.synthetic_stack(range(4), d=16, m=24, k=32)
     st = train.train(net, X, y, train.Schedule(lr0=1e-2, period=10, target_loss=1e-10, max_iters=6000))
     assert (st.status == train.CONVERGED).all()
     return st.net, X, y
@@ -19,12 +19,12 @@ def trained():
 def test_exact_c_star_equals_bisection(trained):
     net, X, y = trained
     valid = torch.ones_like(y, dtype=torch.bool)
-    I = attack.margin_set(y * net(X), valid)
-    for name, fn in attack.DIRECTIONS.items():
+    I = kkt.margin_set(y * net(X), valid)
+    for name, fn in attacks.DIRECTIONS.items():
         gens = [torch.Generator().manual_seed(i) for i in range(X.shape[0])]
         z = fn(net, X, y, I, gens)
-        exact = attack.c_star_exact(net, X, y, I, z)
-        bis = attack.c_star_bisection(net, X, y, I, z, cap=torch.full((4,), 1e4, dtype=torch.float64))
+        exact = attacks.c_star_exact(net, X, y, I, z)
+        bis = attacks.c_star_bisection(net, X, y, I, z, cap=torch.full((4,), 1e4, dtype=torch.float64))
         finite = torch.isfinite(bis)
         assert torch.equal(finite, torch.isfinite(exact.c_star)), name
         torch.testing.assert_close(exact.c_star[finite], bis[finite], rtol=0, atol=1e-6)
@@ -34,8 +34,8 @@ def test_first_roots_match_dense_scan(trained):
     """r_i is the first c with f_i(c) <= 0: f_i > 0 on a fine grid before r_i, <= 0 just after."""
     net, X, y = trained
     I = torch.ones_like(y, dtype=torch.bool)
-    z = attack.margin_direction(net, X, y, I)
-    r = attack.first_roots(net, X, y, z)
+    z = attacks.margin_direction(net, X, y, I)
+    r = attacks.first_roots(net, X, y, z)
     grid = torch.linspace(0, 1, 2001, dtype=torch.float64)
     for e in range(2):
         for i in range(5):
@@ -43,11 +43,11 @@ def test_first_roots_match_dense_scan(trained):
             if not math.isfinite(ri):
                 continue
             cs = (grid * ri * 0.999999).unsqueeze(0)
-            f = attack.f_along(net.select([e] * cs.shape[1]), X[e:e + 1, i:i + 1].expand(cs.shape[1], -1, -1),
+            f = attacks.f_along(net.select([e] * cs.shape[1]), X[e:e + 1, i:i + 1].expand(cs.shape[1], -1, -1),
                                y[e:e + 1, i:i + 1].expand(cs.shape[1], -1), z[e:e + 1].expand(cs.shape[1], -1),
                                cs.T.squeeze(-1))
             assert (f > 0).all()
-            after = attack.f_along(net.select([e]), X[e:e + 1, i:i + 1], y[e:e + 1, i:i + 1], z[e:e + 1],
+            after = attacks.f_along(net.select([e]), X[e:e + 1, i:i + 1], y[e:e + 1, i:i + 1], z[e:e + 1],
                                    torch.tensor([ri * (1 + 1e-9) + 1e-12], dtype=torch.float64))
             assert float(after) < 1e-9
 
@@ -57,7 +57,7 @@ def test_robust_net_of_theorem_3_1():
     d, m = 200, 8
     g = data.seed_streams(3, (d, m))
     X, y = data.synthetic("sphere", m, d, g)
-    net, rho = models.robust_net(X, y)
+    net, rho = nets.robust_net(X, y)
     Xs, ys = X.unsqueeze(0), y.unsqueeze(0)
     H = net.pre(Xs)[0]
     torch.testing.assert_close(torch.diagonal(H), torch.ones(m, dtype=torch.float64), rtol=0, atol=1e-9)
@@ -67,10 +67,10 @@ def test_robust_net_of_theorem_3_1():
     radius = (1 - rho) * math.sqrt(d) / 2
     I = torch.ones_like(ys, dtype=torch.bool)
     gen = torch.Generator().manual_seed(0)
-    dirs = [attack.margin_direction(net, Xs, ys, I)] + [
-        attack.random_direction(net, Xs, ys, I, [gen]) for _ in range(20)]
+    dirs = [attacks.margin_direction(net, Xs, ys, I)] + [
+        attacks.random_direction(net, Xs, ys, I, [gen]) for _ in range(20)]
     for z in dirs:
-        r = attack.first_roots(net, Xs, ys, z)
+        r = attacks.first_roots(net, Xs, ys, z)
         assert float(r.min()) >= radius - 1e-9
 
 
@@ -79,7 +79,7 @@ def test_toy_example_section_5_1():
     d = 10
     X = math.sqrt(d) * torch.eye(d, dtype=torch.float64)
     y = torch.tensor([1.0] * (d // 2) + [-1.0] * (d // 2), dtype=torch.float64)
-    net = models.TwoLayer((X / d).unsqueeze(0), torch.zeros(1, d, dtype=torch.float64), y.unsqueeze(0).clone())
+    net = nets.TwoLayer((X / d).unsqueeze(0), torch.zeros(1, d, dtype=torch.float64), y.unsqueeze(0).clone())
     torch.testing.assert_close(y * net(X.unsqueeze(0))[0], torch.ones(d, dtype=torch.float64))
     z = (4 / d) * X[d // 2:].sum(0)
     assert abs(float(z.norm()) - 2 * math.sqrt(2)) < 1e-12
@@ -96,12 +96,12 @@ def test_nonmonotone_case_falls_back_to_exact_scan():
     W = torch.tensor([[[-1.0], [1.0], [1.0], [1.0]]], dtype=torch.float64)
     b = torch.tensor([[1.0, -1.0, -1.5, -3.5]], dtype=torch.float64)
     v = torch.tensor([[1.0, -3.0, 6.0, -6.0]], dtype=torch.float64)
-    net = models.TwoLayer(W, b, v)
+    net = nets.TwoLayer(W, b, v)
     X = torch.tensor([[[0.0], [-2.5]]], dtype=torch.float64)
     y = torch.ones(1, 2, dtype=torch.float64)
     I = torch.ones_like(y, dtype=torch.bool)
     z = -torch.ones(1, 1, dtype=torch.float64)  # x - y c z = x + c
-    exact = attack.c_star_exact(net, X, y, I, z)
+    exact = attacks.c_star_exact(net, X, y, I, z)
     torch.testing.assert_close(exact.r, torch.tensor([[1.0, 3.5]], dtype=torch.float64))
     assert not bool(exact.simultaneous_at_c0[0])
     assert abs(float(exact.c_star[0]) - 7.5) < 1e-12

@@ -3,8 +3,9 @@
 import pytest
 import yaml
 
-from kktlab import cli, config
-from kktlab.errors import ConfigError
+from kktlab import cli
+from flows import config
+from core.errors import ConfigError
 
 GOOD = {"experiment": "nonrobust", "grid": {"d": [10, 20], "seed": [0]}, "params": {"width": 8}}
 
@@ -106,7 +107,7 @@ def test_cases_set_parameters_per_coordinate_and_round_trip():
 
 def test_store_refuses_changed_cases(tmp_path):
     from flows.sweep import open_store
-    from kktlab.errors import StoreError
+    from core.errors import StoreError
 
     store = tmp_path / "s.zarr"
     open_store(config.parse(with_(grid__d=[10, {"d": 20, "width": 16}])), store, "cpu")

@@ -10,13 +10,14 @@ import numpy as np
 import pytest
 import torch
 
-from tasks import forging_bounds as fb
-from tasks.forging_cell import forging_cell
-from tasks.forging_estimators import (cylinder_problem, fit_log_slope, naive_mc, naive_mc_samples_for,
-                                      slab_problem, subset_simulation)
-from tasks.forging_exact import linreg_log_region_measure, linreg_log_volume, log_ball_volume
-from tasks.forging_models import make_model, make_target
-from tasks.forging_registry import ESTIMATORS
+from tasks.forging import bounds as fb
+from tasks.cells.forging import forging_cell
+from tasks.forging.estimators import naive_mc, naive_mc_samples_for, subset_simulation
+from tasks.forging.problems import cylinder_problem, slab_problem
+from tasks.forging.slopes import fit_log_slope
+from tasks.forging.exact import linreg_log_region_measure, linreg_log_volume, log_ball_volume
+from tasks.forging.models import make_model, make_target
+from tasks.forging.estimators import ESTIMATORS
 
 
 def _linreg(d, A=1.0, seed=0):

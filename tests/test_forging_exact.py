@@ -11,10 +11,10 @@ import pytest
 import torch
 from scipy import special
 
-from tasks import forging_bounds as fb
-from tasks.forging_exact import (exact_forgers_linreg, exact_forgers_relu, linreg_log_volume,
+from tasks.forging import bounds as fb
+from tasks.forging.exact import (exact_forgers_linreg, exact_forgers_relu, linreg_log_volume,
                                  linreg_log_volume_closed_form, log_ball_volume, remark1_gradient)
-from tasks.forging_models import forging_mismatch, make_model, make_target
+from tasks.forging.models import forging_mismatch, make_model, make_target
 
 GRID = list(itertools.product([2, 3, 5, 10], [0.01, 0.3, 1.0, 2.0], [0.5, 1.0, 10.0]))
 

@@ -9,8 +9,8 @@ import pytest
 import xarray as xr
 
 from flows.experiments import EXPERIMENTS
-from kktlab.errors import ConfigError
-from tasks.forging_cell import forging_cell
+from core.errors import ConfigError
+from tasks.cells.forging import forging_cell
 
 import flows.experiments.forging  # noqa: F401  (registers 'forging')
 
@@ -162,7 +162,7 @@ def test_F000_5_P000_14_probability_cells_and_figure(tmp_path):
 
 
 def test_F000_1_figure(tmp_path):
-    """F000-1: figure1_trajectory draws Fig 1 from tasks.forging_sgd (PNG written)."""
+    """F000-1: figure1_trajectory draws Fig 1 from tasks.forging.sgd (PNG written)."""
     from analysis.forging import figure1_trajectory
 
     path = figure1_trajectory(tmp_path)

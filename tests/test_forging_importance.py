@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 import torch
 
-from tasks.forging_estimators import ball_problem, slab_problem, subset_simulation
-from tasks.forging_exact import linreg_log_region_measure, linreg_log_volume
-from tasks.forging_importance import fit_proposal, pareto_khat, subset_importance
-from tasks.forging_models import make_model, make_target
-from tasks.forging_registry import ESTIMATORS
+from tasks.forging.estimators import subset_simulation
+from tasks.forging.problems import ball_problem, slab_problem
+from tasks.forging.exact import linreg_log_region_measure, linreg_log_volume
+from tasks.forging.estimators.importance import fit_proposal, pareto_khat, subset_importance
+from tasks.forging.models import make_model, make_target
+from tasks.forging.estimators import ESTIMATORS
 from tests.test_forging_estimators import _gen, _linreg
 
 EPS_1E12 = 0.0800274368382336  # d = 10, A = R = 1: forging probability 1e-12 (benchmark setting)

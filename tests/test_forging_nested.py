@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from tasks.forging_cell import forging_cell
-from tasks.forging_estimators import ForgingProblem, slab_problem
-from tasks.forging_exact import linreg_log_region_measure, linreg_log_volume
-from tasks.forging_nested import nested_sampling
-from tasks.forging_registry import ESTIMATORS
+from tasks.cells.forging import forging_cell
+from tasks.forging.problems import ForgingProblem, slab_problem
+from tasks.forging.exact import linreg_log_region_measure, linreg_log_volume
+from tasks.forging.estimators.nested import nested_sampling
+from tasks.forging.estimators import ESTIMATORS
 from tests.test_forging_estimators import _gen, _linreg
 
 D5_EPS = 0.01  # d = 5, A = R = 1: forging probability 2.0e-11

@@ -10,9 +10,9 @@ import pytest
 import torch
 from torch.func import vmap
 
-from tasks.forging_models import (batch_forging_mismatch, batch_mixed_hessian, estimate_lipschitz, make_model,
+from tasks.forging.models import (batch_forging_mismatch, batch_mixed_hessian, estimate_lipschitz, make_model,
                                   make_target, mixed_hessian, nullity, whole_batch_mismatch)
-from tasks.forging_sgd import figure1_trajectories, sgd_trajectories
+from tasks.forging.sgd import figure1_trajectories, sgd_trajectories
 
 
 def _linreg_loss(w, x):

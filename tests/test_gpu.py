@@ -4,13 +4,13 @@ import pytest
 import torch
 
 from flows import experiments
-from tasks import attack, kkt, models, train
+from tasks import attacks, data, kkt, nets, train
 
 pytestmark = pytest.mark.requires_gpu
 
 
 def stack(E=8, d=16, m=20, k=32, device="cpu"):
-    return models.synthetic_stack(range(E), d, m, k, device=device)
+    return data.synthetic_stack(range(E), d, m, k, device=device)
 
 
 def test_cuda_training_float64_matches_cpu():
@@ -28,11 +28,11 @@ def test_cuda_c_star_and_kkt_match_cpu():
     valid = torch.ones_like(y, dtype=torch.bool)
     out = {}
     for dev in ("cpu", "cuda"):
-        n = models.TwoLayer(st.net.W.to(dev), st.net.b.to(dev), st.net.v.to(dev))
+        n = nets.TwoLayer(st.net.W.to(dev), st.net.b.to(dev), st.net.v.to(dev))
         Xd, yd, vd = X.to(dev), y.to(dev), valid.to(dev)
-        I = attack.margin_set(yd * n(Xd), vd)
-        z = attack.margin_direction(n, Xd, yd, I)
-        out[dev] = (attack.c_star_exact(n, Xd, yd, I, z).c_star.cpu(), kkt.kkt_fit(n, Xd, yd, vd).eps.cpu())
+        I = kkt.margin_set(yd * n(Xd), vd)
+        z = attacks.margin_direction(n, Xd, yd, I)
+        out[dev] = (attacks.c_star_exact(n, Xd, yd, I, z).c_star.cpu(), kkt.kkt_fit(n, Xd, yd, vd).eps.cpu())
     torch.testing.assert_close(out["cuda"][0], out["cpu"][0], rtol=0, atol=1e-8)
     torch.testing.assert_close(out["cuda"][1], out["cpu"][1], rtol=0, atol=1e-6)
 

@@ -5,12 +5,12 @@ import pytest
 import torch
 from scipy.optimize import nnls as scipy_nnls
 
-from tasks import kkt, models, train
+from tasks import data, kkt, train
 
 
 @pytest.fixture(scope="module")
 def trained():
-    net, X, y = models.synthetic_stack(range(3), d=12, m=10, k=16, init_scale=0.1)
+    net, X, y = data.synthetic_stack(range(3), d=12, m=10, k=16, init_scale=0.1)
     st = train.train(net, X, y, train.Schedule(lr0=1e-2, period=10, target_loss=1e-12, max_iters=8000))
     assert (st.status == train.CONVERGED).all()
     return st.net, X, y

@@ -6,8 +6,8 @@ import pytest
 from flows import experiments
 from flows.experiments import Experiment, Param, Var
 from flows.sweep import retry_unless_user_error, run
-from kktlab import config
-from kktlab.errors import UserError
+from flows import config
+from core.errors import UserError
 
 CALLS = {"n": 0}
 

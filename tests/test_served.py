@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from flows import experiments
-from kktlab import config
+from flows import config
 from storage.query import open_results, status
 from deploy import dask as dask_specs
 from deploy import launch
@@ -35,7 +35,7 @@ def test_prefect_server_pool_worker_deployment_submit(tmp_path, write_config):
     server, env = launch.prefect_server(tmp_path / "prefect-home", port, tmp_path / "server.log")
     worker = None
     try:
-        dep = subprocess.run([*KKTLAB[:1], "-m", "deploy.prefect_deploy", "--pool", "kktlab-test"], cwd=ROOT,
+        dep = subprocess.run([*KKTLAB, "deploy", "--pool", "kktlab-test"], cwd=ROOT,
                              env=dict(os.environ, **env), capture_output=True, text=True, timeout=120)
         assert dep.returncode == 0, dep.stderr[-2000:]
         worker = launch.start([f"{launch.BIN}/prefect", "worker", "start", "--pool", "kktlab-test",

@@ -8,8 +8,8 @@ import xarray as xr
 
 from flows import experiments
 from flows.sweep import open_store
-from kktlab import config
-from kktlab.errors import StoreError
+from flows import config
+from core.errors import StoreError
 from storage.query import open_results, status
 
 

@@ -5,11 +5,11 @@ import math
 import pytest
 import torch
 
-from tasks import data, models, train
+from tasks import data, nets, train
 
 
 def make(E, d, m, k):
-    return models.synthetic_stack(range(E), d, m, k)
+    return data.synthetic_stack(range(E), d, m, k)
 
 
 SCHED = train.Schedule(lr0=1e-2, period=10, target_loss=1e-8, max_iters=5000)
@@ -31,7 +31,7 @@ def test_padding_is_exact():
     net, X, y = make(1, 8, 10, 24)
     ref = train.train(net, X, y, SCHED)
     g = data.seed_streams(0, (8, 10))
-    padded = models.init_two_layer(8, 24, g["init"], d_pad=13, k_pad=29)
+    padded = nets.init_two_layer(8, 24, g["init"], d_pad=13, k_pad=29)
     Xp = torch.zeros(1, 15, 13, dtype=torch.float64)
     Xp[0, :10, :8] = X[0]
     yp = torch.ones(1, 15, dtype=torch.float64)
@@ -58,7 +58,7 @@ def test_resume_from_state_equals_one_call():
 def test_reaches_1e30_in_float32_with_log_space_step():
     """Spec A16: the log-space step reaches loss 1e-30 in float32 (no underflow)."""
     net, X, y = make(2, 20, 20, 16)
-    net = models.TwoLayer(net.W.float(), net.b.float(), net.v.float())
+    net = nets.TwoLayer(net.W.float(), net.b.float(), net.v.float())
     sched = train.Schedule(period=100, period_fast=10, target_loss=1e-30)
     st = train.train(net, X.float(), y.float(), sched)
     assert (st.status == train.CONVERGED).all()
@@ -69,7 +69,7 @@ def test_reaches_1e30_in_float32_with_log_space_step():
 
 def test_logistic_loss_terms_are_stable():
     q = torch.tensor([-50.0, 0.0, 20.0, 40.0, 200.0], dtype=torch.float64)
-    log_l, log_dl = train.log_loss_terms(q, "logistic")
+    log_l, log_dl = nets.log_loss_terms(q, "logistic")
     ref = torch.log(torch.log1p(torch.exp(-q[:3])))
     torch.testing.assert_close(log_l[:3], ref)
     assert torch.isfinite(log_l).all() and abs(float(log_l[-1]) + 200) < 1e-9
@@ -89,7 +89,7 @@ def test_minibatch_sgd_is_deterministic_and_converges():
 
 def test_dead_network_is_flagged_not_trained():
     net, X, y = make(1, 6, 8, 4)
-    dead = models.TwoLayer(net.W, torch.full_like(net.b, -1e3), net.v)
+    dead = nets.TwoLayer(net.W, torch.full_like(net.b, -1e3), net.v)
     st = train.train(dead, X, y, SCHED)
     assert int(st.status[0]) == train.DEAD and int(st.iters[0]) == 0
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 from flows.experiments import Experiment, Param, Var, register
-from tasks.calibrate import busy
+from tasks.cells.calibrate import busy
 
 
 def run_bundle(cells: list[dict], device: str = "cpu") -> list[dict]:

@@ -15,10 +15,10 @@ lists of cells run one after the other.
 from __future__ import annotations
 
 from flows.experiments import Experiment, Param, Var, register
-from kktlab.errors import ConfigError
-from tasks.forging_cell import OUTPUTS, cell_cost, forging_cell
-from tasks.forging_registry import ESTIMATORS, LEVELLED, REPEATED
-from tasks.forging_models import MODELS
+from core.errors import ConfigError
+from tasks.cells.forging import OUTPUTS, cell_cost, forging_cell
+from tasks.forging.estimators import ESTIMATORS, LEVELLED, REPEATED
+from tasks.forging.models import MODELS
 
 P = {
     "model": Param(str, "linreg", "squared-loss model: linear regression (D000-2) or one-hidden-layer net "

@@ -1,10 +1,9 @@
-"""Experiment ``nonrobust`` — paper 002 (Vardi, Yehudai, Shamir): max-margin two-layer ReLU
-nets flip under a small universal perturbation along ẑ ∝ Σ_{i∈I} y_i x_i.
+"""Experiment ``nonrobust``: paper 002 (Vardi, Yehudai, Shamir): max-margin two-layer ReLU
+nets flip under a small universal perturbation along ẑ ∝ Σ_{i∈I} y_i x_i. Declaration and
+wiring only; the maths of a bundle is ``tasks/cells/nonrobust.py``.
 
-A cell = (data, d, m or α, width, seed, loss, schedule, ...). Cells that differ only in seed,
-d, m and width share one bundle: data are zero-padded along features and samples (masked),
-nets along width with all-zero neurons, which are exact fixed points of GD (spec §7.2), so a
-bundle is one stacked tensor problem. Minibatch cells (m > batch_size) are not padded in m.
+Cells that differ only in seed, d, m and width share one bundle (zero-padded, see the cell
+module). Minibatch cells (m > batch_size) are not padded in m.
 """
 
 from __future__ import annotations
@@ -12,13 +11,14 @@ from __future__ import annotations
 import math
 import time
 
-import numpy as np
 import torch
 
+from core.errors import ConfigError
 from flows import checkpoint as checkpoint_io
 from flows.experiments import Experiment, Param, Var, register
-from kktlab.errors import ConfigError
-from tasks import attack, data, kkt, models, train
+from tasks import attacks, data, nets, train
+from tasks.cells import nonrobust as cell_fn
+from tasks.cells.nonrobust import n_samples
 
 P = {
     "data": Param(str, "sphere", "input distribution (spec §2.7, A11)", choices=tuple(data.DISTRIBUTIONS)),
@@ -40,7 +40,7 @@ P = {
     "init_scale": Param(float, 1.0, "multiplier of the PyTorch default init (spec E13)", gt=0),
     "dtype": Param(str, "float64", "training precision (analysis is always float64)", choices=("float32", "float64")),
     "slack": Param(float, 1.1, "margin set I = {q_i <= slack · q_min} (paper: 1.1)", min=1.0),
-    "attack": Param(str, "margin_direction", "universal direction", choices=tuple(attack.DIRECTIONS)),
+    "attack": Param(str, "margin_direction", "universal direction", choices=tuple(attacks.DIRECTIONS)),
     "kkt_max_m": Param(int, 4000, "fit KKT multipliers only when m <= this (NNLS is O(m²))", min=0),
 }
 
@@ -62,11 +62,14 @@ V = {
     "frac_all_flipped": Var("1", "fraction of all samples flipped at c_star"),
     "r_median": Var("l2 norm", "median over I of the per-sample first flip r_i"),
     "r_min": Var("l2 norm", "smallest per-sample first flip r_i over I"),
+    "margin_frac_tight": Var("1", "|I| / m at slack 1.01 (spec A13: the exact margin set of Cor 4.1)"),
     "kkt_eps": Var("1", "KKT stationarity residual / ||theta_hat|| (spec §2.11)"),
+    "kkt_eps_proj": Var("1", "KKT residual with W projected on span{x_i} (spec §2.11)"),
+    "kkt_support": Var("1", "|{i : lambda_i > 0}|, the NNLS support (spec A13); -1 when not fitted", "int64"),
     "kkt_delta": Var("1", "complementary slackness sum lambda_i (q_hat_i - 1)"),
     "kkt_sum_lam_ratio": Var("1", "sum lambda / (||theta_hat||^2 / 2), 1 at a KKT point"),
     "balance_err": Var("1", "sum_j |v_j^2 - ||w_j||^2 - b_j^2| / ||theta||^2"),
-    "theory_p": Var("1", "max_{i!=j in I} |<x_i, x_j>| (Thm 4.1)"),
+    "theory_p": Var("1", "max_{i!=j in I} |<x_i, x_j>| over the slack-1.01 margin set I (Thm 4.1 / Cor 4.1)"),
     "theory_c_bal": Var("1", "class balance min(|I+|,|I-|)/|I| (Thm 4.1 c)"),
     "theory_c_prime": Var("1", "|I| (p+1)/(d+1); Thm 4.1 needs <= 1/3"),
     "theory_z_norm": Var("l2 norm", "||z|| of Thm 4.1's explicit z = (eta1+eta2) sum y_l x_l"),
@@ -77,11 +80,10 @@ V = {
     "wall_s": Var("s", "bundle training wall time divided by the bundle's cells"),
     "q_sample": Var("1", "per-sample margins y_i N(x_i) (NaN past m)", dims=("sample",)),
     "r_sample": Var("l2 norm", "per-sample first flip r_i along the direction (NaN outside I)", dims=("sample",)),
+    "margin_tight_sample": Var("1", "1 if the sample is in the slack-1.01 margin set (-1 past m)", "int8", dims=("sample",)),
+    "lam_sample": Var("1", "NNLS KKT multiplier of each sample of the normalised net (NaN past m or unfitted)",
+                      dims=("sample",)),
 }
-
-
-def n_samples(cell: dict) -> int:
-    return cell["m"] or int(math.floor(cell["d"] ** cell["alpha"] + 0.5))
 
 
 def check(cell: dict) -> None:
@@ -125,98 +127,6 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def build(cells: list[dict]):
-    """Data and initial nets of a bundle, zero-padded to common (m, d, k), float64 on CPU."""
-    d_pad = max(c["d"] for c in cells)
-    m_pad = max(n_samples(c) for c in cells)
-    k_pad = max(c["width"] for c in cells)
-    E = len(cells)
-    X = torch.zeros(E, m_pad, d_pad, dtype=torch.float64)
-    y = torch.ones(E, m_pad, dtype=torch.float64)
-    mask = torch.zeros(E, m_pad, dtype=torch.bool)
-    nets, gens = [], []
-    for e, c in enumerate(cells):
-        m, d = n_samples(c), c["d"]
-        g = data.seed_streams(c["seed"], salt=(d, m))
-        Xe, ye = data.synthetic(c["data"], m, d, g, balanced=c["labels"] == "balanced")
-        X[e, :m, :d], y[e, :m], mask[e, :m] = Xe, ye, True
-        nets.append(models.init_two_layer(d, c["width"], g["init"], init_scale=c["init_scale"],
-                                          d_pad=d_pad, k_pad=k_pad))
-        gens.append(g["batches"])
-    return models.stack(nets), X, y, mask, gens
-
-
-def schedule(c: dict) -> train.Schedule:
-    return train.Schedule(loss=c["loss"], lr0=c["lr0"], factor=c["lr_factor"], period=c["lr_period"],
-                          period_fast=c["lr_period_fast"] or None, target_loss=c["target_loss"],
-                          max_iters=c["max_iters"], batch_size=c["batch_size"])
-
-
-def analyse(net, X, y, mask, cells, gens) -> list[dict]:
-    """Every measure of the paper on a trained float64 stack (margins, c*, KKT, theory, Thm 3.1)."""
-    c0 = cells[0]
-    q = kkt.margins(net, X, y)
-    I = attack.margin_set(q, mask, c0["slack"])
-    z_hat = attack.DIRECTIONS[c0["attack"]](net, X, y, I, gens)
-    d_true = torch.tensor([float(c["d"]) for c in cells], dtype=X.dtype)
-    flip = attack.c_star_exact(net, X, y, I, z_hat, cap=20 * torch.sqrt(d_true))
-    flipped = attack.flipped_fraction(net, X, y, mask, z_hat, flip.c_star)
-    gamma = kkt.normalized_margin(net, q, mask)
-    balance = kkt.balance_error(net)
-    fit = kkt.kkt_fit(net, X, y, mask) if max(n_samples(c) for c in cells) <= c0["kkt_max_m"] else None
-    th = kkt.theory_check(net, X, y, I)
-    qv = q.masked_fill(~mask, math.nan)
-    out = []
-    for e, c in enumerate(cells):
-        m, d = n_samples(c), c["d"]
-        r_i = flip.r[e, :m][I[e, :m]]
-        norms = X[e, :m, :d].norm(dim=1)
-        rob_radius, rob_c = _robust(X[e, :m, :d], y[e, :m], z_hat[e, :d])
-        qe = q[e, :m]
-        out.append({
-            "m_used": m, "train_acc": float((qe > 0).double().mean()),
-            "q_min": float(qe.min()), "q_ratio": float(qe.max() / qe.min()),
-            "gamma": float(gamma[e]),
-            "margin_frac": float(I[e].sum()) / m, "n_off_margin": int(m - I[e].sum()),
-            "c_star": float(flip.c_star[e]), "c_star_rel": float(flip.c_star[e]) / math.sqrt(d),
-            "c_star_rel_norm": float(flip.c_star[e] / norms.median()),
-            "simultaneous": int(flip.simultaneous_at_c0[e]), "frac_all_flipped": float(flipped[e]),
-            "r_median": float(r_i.median()) if len(r_i) else math.nan,
-            "r_min": float(r_i.min()) if len(r_i) else math.nan,
-            "kkt_eps": float(fit.eps[e]) if fit else math.nan,
-            "kkt_delta": float(fit.delta[e]) if fit else math.nan,
-            "kkt_sum_lam_ratio": float(fit.sum_lam_ratio[e]) if fit else math.nan,
-            "balance_err": float(balance[e]),
-            "theory_p": float(th.p[e]), "theory_c_bal": float(th.c_bal[e]),
-            "theory_c_prime": float(th.c_prime[e]), "theory_z_norm": float(th.z_norm[e]),
-            "theory_max_pos": float(th.max_pos[e]), "theory_min_neg": float(th.min_neg[e]),
-            "robust_radius": rob_radius, "robust_c_star": rob_c,
-            "q_sample": qv[e, :m].numpy(), "r_sample": flip.r[e, :m].numpy(),
-        })
-    return out
-
-
-def _robust(X: torch.Tensor, y: torch.Tensor, z_hat: torch.Tensor) -> tuple[float, float]:
-    """Theorem 3.1 net on the same data: certified radius and c* along the same ẑ (spec E8)."""
-    try:
-        net, rho = models.robust_net(X, y)
-    except ValueError:  # rho >= 1: Theorem 3.1 does not apply (e.g. clustered data)
-        return math.nan, math.nan
-    Xs, ys = X.unsqueeze(0), y.unsqueeze(0)
-    I = torch.ones_like(ys, dtype=torch.bool)
-    res = attack.c_star_exact(net, Xs, ys, I, z_hat.unsqueeze(0))
-    return (1 - rho) * math.sqrt(X.shape[1]) / 2, float(res.c_star[0])
-
-
-def chunk_steps(cells: list[dict], sched: train.Schedule) -> int:
-    """Steps per train() call between checkpoints: ~1000, a multiple of the sync period and of
-    the batches per epoch, so a chunked run takes exactly the steps of an unchunked one."""
-    m = n_samples(cells[0])
-    per_epoch = math.ceil(m / sched.batch_size) if m > sched.batch_size else 1
-    unit = math.lcm(sched.sync_every, per_epoch)
-    return unit * max(1, 1000 // unit)
-
-
 def train_bundle(cells: list[dict], device: str = "auto", checkpoint: str | None = None,
                  checkpoint_every_s: float = 60.0, max_chunks: int | None = None):
     """Train a bundle as one stacked problem, in chunks, checkpointing every
@@ -226,15 +136,15 @@ def train_bundle(cells: list[dict], device: str = "auto", checkpoint: str | None
     if dev.type == "cuda":  # TF32 perturbs margins by ~1e-3 relative (spec A16): never
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
-    net, X, y, mask, gens = build(cells)
-    sched = schedule(cells[0])
+    net, X, y, mask, gens = cell_fn.build(cells)
+    sched = cell_fn.schedule(cells[0])
     state = checkpoint_io.load(checkpoint, dev, dtype, gens) if checkpoint else None
-    net_dev = models.TwoLayer(*(t.to(dev, dtype) for t in (net.W, net.b, net.v)))
+    net_dev = nets.TwoLayer(*(t.to(dev, dtype) for t in (net.W, net.b, net.v)))
     Xd, yd, maskd = X.to(dev, dtype), y.to(dev, dtype), mask.to(dev)
     last_save, chunks = time.monotonic(), 0
     while state is None or bool(state.running.any()):
         state = train.train(net_dev, Xd, yd, sched, mask=maskd, batch_generators=gens, state=state,
-                            max_steps=chunk_steps(cells, sched))
+                            max_steps=cell_fn.chunk_steps(cells, sched))
         chunks += 1
         stop = max_chunks is not None and chunks >= max_chunks
         if checkpoint and (stop or time.monotonic() - last_save >= checkpoint_every_s):
@@ -251,8 +161,8 @@ def run_bundle(cells: list[dict], device: str = "auto", checkpoint: str | None =
     t0 = time.perf_counter()
     st, (_, X, y, mask, gens) = train_bundle(cells, device, checkpoint)
     wall = time.perf_counter() - t0
-    trained = models.TwoLayer(*(t.detach().to("cpu", torch.float64) for t in (st.net.W, st.net.b, st.net.v)))
-    results = analyse(trained, X, y, mask, cells, gens)
+    trained = nets.TwoLayer(*(t.detach().to("cpu", torch.float64) for t in (st.net.W, st.net.b, st.net.v)))
+    results = cell_fn.analyse(trained, X, y, mask, cells, gens)
     for e, res in enumerate(results):
         res.update(iters=int(st.iters[e]), status=int(st.status[e]),
                    log10_loss=float(st.log_loss[e]) / math.log(10), wall_s=wall / len(cells))

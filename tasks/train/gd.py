@@ -19,7 +19,7 @@ import math
 
 import torch
 
-from tasks.models import TwoLayer
+from tasks.nets import TwoLayer, data_log_loss, log_loss_terms
 
 RUNNING, CONVERGED, MAX_ITERS, DEAD, DIVERGED = 0, 1, 2, 3, 4
 STATUS_NAMES = {RUNNING: "running", CONVERGED: "converged", MAX_ITERS: "max_iters", DEAD: "dead",
@@ -61,26 +61,6 @@ class TrainState:
     @property
     def running(self) -> torch.Tensor:
         return self.status == RUNNING
-
-
-def log_loss_terms(q: torch.Tensor, loss: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(log ℓ(q), log |ℓ'(q)|)`` elementwise, stable for any q (spec 002 §2.2)."""
-    if loss == "exp":
-        return -q, -q
-    if loss == "logistic":
-        big = q > 30
-        safe = torch.where(big, torch.zeros_like(q), q)
-        log_l = torch.where(big, -q - 0.5 * torch.exp(-q), torch.log(torch.nn.functional.softplus(-safe)))
-        return log_l, -torch.nn.functional.softplus(q)
-    raise ValueError(f"unknown loss {loss!r}; allowed: 'exp', 'logistic'")
-
-
-def data_log_loss(net: TwoLayer, X: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, loss: str) -> torch.Tensor:
-    """Full-data log loss with mean reduction over the valid samples, (E,) float64."""
-    q = y * net(X)
-    log_l = log_loss_terms(q, loss)[0].masked_fill(~mask, -math.inf)
-    n = mask.sum(1).clamp_min(1).to(torch.float64)
-    return torch.logsumexp(log_l.to(torch.float64), 1) - torch.log(n)
 
 
 def init_state(net: TwoLayer, schedule: Schedule) -> TrainState:

@@ -7,8 +7,7 @@ number is the smallest c > 0 that flips all of them at once,
 
 Along the ray each f_i(c) = y_i N(x_i - y_i c ẑ) is piecewise linear with one breakpoint per
 neuron, so c* is computed exactly (sort the breakpoints, cumulative-sum the slopes); bisection
-on the predicate is kept as the test oracle. Directions register by name in ``DIRECTIONS``
-(one function each, ``(net, X, y, I, generators) -> ẑ (E,d)``), so a config names them.
+on the predicate is kept as the test oracle. Directions live in ``tasks/attacks/directions.py``.
 """
 
 from __future__ import annotations
@@ -18,55 +17,8 @@ import math
 
 import torch
 
-from tasks.models import TwoLayer
+from tasks.nets import TwoLayer
 
-
-# --- directions ---------------------------------------------------------------------------
-
-def _unit(z: torch.Tensor) -> torch.Tensor:
-    return z / z.norm(dim=-1, keepdim=True).clamp_min(torch.finfo(z.dtype).tiny)
-
-
-def margin_direction(net, X, y, I, generators=None) -> torch.Tensor:
-    """ẑ ∝ Σ_{i∈I} y_i x_i over the margin set (paper Sec. 6, the z of Theorem 4.1)."""
-    return _unit(torch.einsum("en,end->ed", y * I, X))
-
-
-def all_samples_direction(net, X, y, I, generators=None) -> torch.Tensor:
-    """ẑ ∝ Σ_i y_i x_i over all samples (data-only direction, spec E10b; padded rows are 0)."""
-    return _unit(torch.einsum("en,end->ed", y, X))
-
-
-def random_direction(net, X, y, I, generators=None) -> torch.Tensor:
-    """A uniformly random unit direction in the features the data use (baseline, spec E10/E11).
-
-    ``generators``: one ``torch.Generator`` per net, so each net's draw is its own.
-    """
-    E, d = X.shape[0], X.shape[2]
-    if generators is None:
-        z = torch.randn(E, d, dtype=torch.float64)
-    else:
-        z = torch.stack([torch.randn(d, generator=g, dtype=torch.float64) for g in generators])
-    used = (X != 0).any(1)  # zero-padded features stay zero
-    return _unit(z.to(device=X.device, dtype=X.dtype) * used)
-
-
-DIRECTIONS = {
-    "margin_direction": margin_direction,
-    "all_samples_direction": all_samples_direction,
-    "random_direction": random_direction,
-}
-
-
-# --- margin set ----------------------------------------------------------------------------
-
-def margin_set(q: torch.Tensor, valid: torch.Tensor, slack: float = 1.1) -> torch.Tensor:
-    """``I = {i : 0 < q_i <= slack · min_l q_l}`` (paper Sec. 6; misclassified never in I, A14)."""
-    q_min = q.masked_fill(~valid, math.inf).min(1, keepdim=True).values
-    return valid & (q > 0) & (q <= slack * q_min)
-
-
-# --- exact c* -------------------------------------------------------------------------------
 
 @dataclasses.dataclass
 class FlipResult:

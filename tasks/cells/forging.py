@@ -20,13 +20,12 @@ import numpy as np
 import torch
 from torch.func import grad
 
-from tasks import forging_bounds as fb
-from tasks.forging_estimators import (ball_problem, batch_problem, cylinder_problem, gaussian_problem,
-                                      slab_problem)
-from tasks.forging_exact import linreg_log_region_measure, linreg_log_volume, log_ball_volume
-from tasks.forging_models import (batch_mixed_hessian, estimate_lipschitz, make_model, make_target,
+from tasks.forging import bounds as fb
+from tasks.forging.estimators import ESTIMATORS
+from tasks.forging.exact import linreg_log_region_measure, linreg_log_volume, log_ball_volume
+from tasks.forging.models import (batch_mixed_hessian, estimate_lipschitz, make_model, make_target,
                                   mixed_hessian, nullity, relu_unbounded)
-from tasks.forging_registry import ESTIMATORS
+from tasks.forging.problems import ball_problem, batch_problem, cylinder_problem, gaussian_problem, slab_problem
 
 __all__ = ["forging_cell", "OUTPUTS"]
 

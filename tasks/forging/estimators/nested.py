@@ -27,7 +27,8 @@ import math
 
 import torch
 
-from tasks.forging_estimators import ForgingProblem, VolumeEstimate, _check_eps, estimate_from_runs
+from tasks.forging.estimators.common import VolumeEstimate, check_eps, estimate_from_runs
+from tasks.forging.problems import ForgingProblem
 
 __all__ = ["nested_sampling"]
 
@@ -52,7 +53,7 @@ def nested_sampling(problem: ForgingProblem, eps: float, *, generator: torch.Gen
     If a run's level stops decreasing above eps (L fell by less than 1e-4·L while X shrank by
     ``stall_decades`` decades: eps below the minimum of g on the domain) or X falls below
     10^-``max_decades``, the result is NaN with ``extra["stalled"] = True`` and the lowest level."""
-    _check_eps(problem, eps)
+    check_eps(problem, eps)
     K = _check_args(n_samples, n_repeats, drop, n_mcmc)
     R, N, k = int(n_repeats), int(n_samples), problem.latent_dim
     dt = torch.float64

@@ -35,9 +35,10 @@ import math
 import numpy as np
 import torch
 
-from tasks.forging_estimators import (ForgingProblem, VolumeEstimate, _check_eps,
-                                      subset_simulation_samples)
-from tasks.forging_exact import log_sphere_area
+from tasks.forging.estimators.common import VolumeEstimate, check_eps
+from tasks.forging.estimators.subset_simulation import subset_simulation_samples
+from tasks.forging.exact import log_sphere_area
+from tasks.forging.problems import ForgingProblem
 
 __all__ = ["subset_importance", "fit_proposal", "Proposal", "pareto_khat"]
 
@@ -268,7 +269,7 @@ def subset_importance(problem: ForgingProblem, eps: float, *, generator: torch.G
     the proposal fitted to their samples with g <= eps (their last level if fewer than 20 hit eps).
     Volume = exp(log_measure)·mean(W·φ/q); stated stderr of the log = sd/(sqrt(n)·mean). Gradient
     evaluations: both stages. A stalled, empty or unbounded subset simulation is returned as it is."""
-    _check_eps(problem, eps)
+    check_eps(problem, eps)
     if int(n_importance) != n_importance or n_importance < 100:
         raise ValueError(f"n_importance must be an integer >= 100, got {n_importance!r}")
     if not 0 < alpha < 1:

@@ -19,7 +19,7 @@ from typing import Sequence
 import numpy as np
 from scipy import special
 
-from tasks.forging_exact import log_ball_volume
+from tasks.forging.exact import log_ball_volume
 
 __all__ = [
     "Bound", "log_K_d", "canonical_c", "log_P_nd",

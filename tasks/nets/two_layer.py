@@ -95,18 +95,3 @@ def robust_net(X: torch.Tensor, y: torch.Tensor, rho: float | None = None) -> tu
     W = (2 * X / (d * (1 - rho))).unsqueeze(0)
     b = torch.full((1, m), -(1 + rho) / (1 - rho), dtype=X.dtype, device=X.device)
     return TwoLayer(W, b, y.to(X.dtype).unsqueeze(0).clone()), rho
-
-
-def synthetic_stack(seeds, d: int, m: int, k: int, *, kind: str = "sphere", init_scale: float = 1.0,
-                    dtype=torch.float64, device="cpu") -> tuple[TwoLayer, torch.Tensor, torch.Tensor]:
-    """E = len(seeds) untrained nets with their synthetic datasets, one seed each (the data,
-    labels and init streams of :func:`tasks.data.seed_streams`). Returns (net, X (E,m,d), y (E,m))."""
-    from tasks import data
-
-    nets, Xs, ys = [], [], []
-    for s in seeds:
-        g = data.seed_streams(s, (d, m))
-        X, y = data.synthetic(kind, m, d, g)
-        Xs.append(X), ys.append(y)
-        nets.append(init_two_layer(d, k, g["init"], init_scale=init_scale, dtype=dtype, device=device))
-    return stack(nets), torch.stack(Xs).to(device, dtype), torch.stack(ys).to(device, dtype)

@@ -29,10 +29,11 @@ from typing import Any
 
 import yaml
 
+from core.declare import REQUIRED, Experiment, Param
+from core.errors import ConfigError
 from flows import experiments
-from flows.experiments import REQUIRED, Experiment, Param
-from kktlab.errors import ConfigError
 
+DEFAULT_STORE = "results/{name}.zarr"
 TOP_KEYS = ("experiment", "name", "description", "store", "grid", "params", "runner")
 RUNNER = {
     "cluster": Param(str, "local", "local: LocalCluster; address: an existing scheduler; cuda: LocalCUDACluster; "
@@ -57,6 +58,11 @@ class Config:
     description: str = ""
     text: str = ""
     cases: dict[str, dict] = dataclasses.field(default_factory=dict)  # axis -> {coordinate: overrides}
+
+    def store_path(self, override: str | None = None) -> str:
+        """Where results go: ``override`` (``--store``), else the config's ``store``, else
+        ``results/<name>.zarr``."""
+        return override or self.store or DEFAULT_STORE.format(name=self.name)
 
     @property
     def exp(self) -> Experiment:

@@ -1,0 +1,80 @@
+"""What an experiment declares: its parameters, the variables it stores, how its cells bundle.
+
+Imported by ``flows/`` (the registry, config parsing, the sweep) and by ``storage/`` (the schema
+of a group), so it lives below both."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+REQUIRED = object()
+
+
+@dataclasses.dataclass(frozen=True)
+class Param:
+    """One experiment parameter: type, default, allowed values, bounds, doc."""
+
+    type: type
+    default: Any = REQUIRED
+    doc: str = ""
+    choices: tuple | None = None
+    min: float | None = None  # inclusive lower bound
+    gt: float | None = None  # exclusive lower bound
+    max: float | None = None  # inclusive upper bound
+
+    def allowed(self) -> str:
+        if self.choices is not None:
+            return "one of " + ", ".join(map(repr, self.choices))
+        parts = [self.type.__name__]
+        if self.gt is not None:
+            parts.append(f"> {self.gt}")
+        if self.min is not None:
+            parts.append(f">= {self.min}")
+        if self.max is not None:
+            parts.append(f"<= {self.max}")
+        return " ".join(parts)
+
+
+@dataclasses.dataclass(frozen=True)
+class Var:
+    """One stored variable. ``dims`` are extra (non-grid) dims, e.g. ``("sample",)``."""
+
+    units: str
+    description: str
+    dtype: str = "float64"
+    dims: tuple[str, ...] = ()
+
+
+Cell = dict[str, Any]
+Result = dict[str, Any]  # variable name -> scalar or numpy array of the var's extra dims
+
+
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+    """What a config may run. See flows/experiments/nonrobust.py for a full example."""
+
+    name: str
+    paper: str
+    description: str
+    params: dict[str, Param]
+    variables: dict[str, Var]
+    run_bundle: Callable[[list[Cell], str], list[Result]]
+    # Cells with equal keys run as one stacked tensor problem (one Prefect task).
+    bundle_key: Callable[[Cell], tuple] = lambda cell: tuple(
+        sorted((k, v) for k, v in cell.items() if k != "seed")
+    )
+    # Relative cost of a cell (for bundle sizing and ordering); FLOP-ish.
+    cost: Callable[[Cell], float] = lambda cell: 1.0
+    # Peak bytes of one cell's tensors in a bundle (for sizing bundles to free memory); 0 = unknown.
+    memory: Callable[[Cell], float] = lambda cell: 0.0
+    # Cross-field checks on one cell; raise ConfigError naming the field.
+    check: Callable[[Cell], None] = lambda cell: None
+    # Sizes of the extra dims given all cells of the grid (e.g. {"sample": max m}).
+    extra_dims: Callable[[list[Cell]], dict[str, int]] = lambda cells: {}
+    # Spec IDs this experiment reproduces, for `kktlab experiments`.
+    spec_ids: tuple[str, ...] = ()
+    # True if run_bundle takes ``checkpoint=PATH`` (a file to resume a killed bundle from).
+    checkpoints: bool = False
+    # Variables of the terminal summary table (default: every scalar variable).
+    summary: tuple[str, ...] = ()
