@@ -44,11 +44,20 @@ def prefect_server():
         yield url
 
 
-def run_cli(*args, env=None, timeout=600, **kw) -> subprocess.CompletedProcess:
+def _run_cli(*args, env=None, timeout=600, **kw) -> subprocess.CompletedProcess:
     """Run ``python -m kktlab.cli ARGS`` in the repo root, capturing output."""
     full_env = dict(os.environ, **(env or {}))
     return subprocess.run([*KKTLAB, *map(str, args)], cwd=ROOT, env=full_env, capture_output=True,
                           text=True, timeout=timeout, **kw)
+
+
+@pytest.fixture(scope="session")
+def cli():
+    """The kktlab command line as tests use it: ``cli.run(*args, env=, timeout=)`` runs it to the
+    end; ``cli.argv`` and ``cli.root`` start it by hand (``subprocess.Popen([*cli.argv, ...], cwd=cli.root)``)."""
+    import types
+
+    return types.SimpleNamespace(run=_run_cli, argv=list(KKTLAB), root=ROOT)
 
 
 @pytest.fixture

@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 
 from storage.query import open_results
-from tests.conftest import KKTLAB, ROOT, run_cli
 
 pytestmark = pytest.mark.requires_services
 
@@ -28,10 +27,10 @@ SMALL = {
 }
 
 
-def test_config_to_store_to_xarray(prefect_server, write_config, tmp_path):
+def test_config_to_store_to_xarray(cli, prefect_server, write_config, tmp_path):
     path = write_config(SMALL)
     store = tmp_path / "s.zarr"
-    res = run_cli("run", path, "--store", store, "--json", tmp_path / "stats.json")
+    res = cli.run("run", path, "--store", store, "--json", tmp_path / "stats.json")
     assert res.returncode == 0, res.stderr[-3000:]
     assert "store:" in res.stdout and "c_star" in res.stdout
     assert "cells 8/8 (100%)" in res.stderr
@@ -43,13 +42,13 @@ def test_config_to_store_to_xarray(prefect_server, write_config, tmp_path):
     assert set(ds.data_vars) >= {"c_star", "margin_frac", "kkt_eps", "iters", "q_sample", "done"}
     assert (ds.status == 1).all() and (ds.c_star < np.sqrt(ds.d)).all()
     # a second run resumes: nothing left to do, nothing overwritten
-    again = run_cli("run", path, "--store", store, "--json", tmp_path / "stats2.json")
+    again = cli.run("run", path, "--store", store, "--json", tmp_path / "stats2.json")
     assert again.returncode == 0, again.stderr[-2000:]
     stats2 = json.loads((tmp_path / "stats2.json").read_text())
     assert stats2["done_before"] == 8 and stats2["written"] == 0
-    st = run_cli("status", store)
+    st = cli.run("status", store)
     assert "8/8" in st.stdout
-    show = run_cli("show", store)
+    show = cli.run("show", store)
     assert show.returncode == 0 and "c_star" in show.stdout and "git_commit" in show.stdout
 
 
@@ -62,14 +61,14 @@ def _done(store, group):
         return -1
 
 
-def test_kill_9_midway_then_resume_equals_clean_run(prefect_server, write_config, tmp_path):
+def test_kill_9_midway_then_resume_equals_clean_run(cli, prefect_server, write_config, tmp_path):
     cfg = dict(SMALL, name="killme", grid={"d": [24], "alpha": [1.0], "seed": list(range(8))},
                runner={"workers": 1, "bundle_size": 1})
     cfg["params"] = dict(SMALL["params"], width=48, target_loss=1.0e-20)
     path = write_config(cfg)
     store, clean = tmp_path / "killed.zarr", tmp_path / "clean.zarr"
     env = dict(os.environ, PREFECT_RESULTS_LOCAL_STORAGE_PATH=str(tmp_path / "results-a"))
-    proc = subprocess.Popen([*KKTLAB, "run", str(path), "--store", str(store)], cwd=ROOT, env=env,
+    proc = subprocess.Popen([*cli.argv, "run", str(path), "--store", str(store)], cwd=cli.root, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.monotonic() + 300
@@ -81,14 +80,14 @@ def test_kill_9_midway_then_resume_equals_clean_run(prefect_server, write_config
         proc.wait()
     assert 2 <= done_at_kill < 8, done_at_kill
     time.sleep(1)
-    resumed = run_cli("run", path, "--store", store, "--json", tmp_path / "resume.json", env=env)
+    resumed = cli.run("run", path, "--store", store, "--json", tmp_path / "resume.json", env=env)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     stats = json.loads((tmp_path / "resume.json").read_text())
     killed_done = stats["done_before"]
     assert killed_done >= done_at_kill
     assert stats["written"] == 8 - killed_done and stats["refused_done"] == 0  # each cell written once
     env_clean = dict(os.environ, PREFECT_RESULTS_LOCAL_STORAGE_PATH=str(tmp_path / "results-b"))
-    ref = run_cli("run", path, "--store", clean, env=env_clean)
+    ref = cli.run("run", path, "--store", clean, env=env_clean)
     assert ref.returncode == 0, ref.stderr[-3000:]
     a, b = open_results(store), open_results(clean)
     assert bool(a.done.all()) and bool(b.done.all())

@@ -21,7 +21,6 @@ from flows import config
 from storage.query import open_results, status
 from deploy import dask as dask_specs
 from deploy import launch
-from tests.conftest import KKTLAB, ROOT, run_cli
 
 pytestmark = pytest.mark.requires_services
 
@@ -30,19 +29,19 @@ TINY = {"experiment": "nonrobust", "grid": {"d": [16], "seed": [0, 1]},
         "runner": {"workers": 1, "bundle_size": 1}}
 
 
-def test_prefect_server_pool_worker_deployment_submit(tmp_path, write_config):
+def test_prefect_server_pool_worker_deployment_submit(cli, tmp_path, write_config):
     port = launch.free_port()
     server, env = launch.prefect_server(tmp_path / "prefect-home", port, tmp_path / "server.log")
     worker = None
     try:
-        dep = subprocess.run([*KKTLAB, "deploy", "--pool", "kktlab-test"], cwd=ROOT,
+        dep = subprocess.run([*cli.argv, "deploy", "--pool", "kktlab-test"], cwd=cli.root,
                              env=dict(os.environ, **env), capture_output=True, text=True, timeout=120)
         assert dep.returncode == 0, dep.stderr[-2000:]
         worker = launch.start([f"{launch.BIN}/prefect", "worker", "start", "--pool", "kktlab-test",
                                  "--type", "process"], tmp_path / "pworker.log", env)
         path = write_config(dict(TINY, name="served"))
         store = tmp_path / "served.zarr"
-        res = run_cli("submit", path, "--store", store, "--watch", env=env, timeout=400)
+        res = cli.run("submit", path, "--store", store, "--watch", env=env, timeout=400)
         assert res.returncode == 0, res.stdout + res.stderr[-3000:]
         assert "Completed" in res.stdout and f"127.0.0.1:{port}/runs/flow-run/" in res.stdout
         ds = open_results(store)
@@ -67,7 +66,7 @@ def test_prefect_server_pool_worker_deployment_submit(tmp_path, write_config):
         launch.stop(server)
 
 
-def test_sweep_survives_sigkill_of_a_dask_worker(tmp_path, write_config, prefect_server):
+def test_sweep_survives_sigkill_of_a_dask_worker(cli, tmp_path, write_config, prefect_server):
     with launch.dask_cluster(2, tmp_path) as (address, _, workers):
         # bundles are cut for the workers the scheduler has (at least one each)
         assert dask_specs.worker_count({"cluster": "address", "address": address}) == 2
@@ -76,8 +75,8 @@ def test_sweep_survives_sigkill_of_a_dask_worker(tmp_path, write_config, prefect
         path = write_config(raw)
         store = tmp_path / "dk.zarr"
         env = dict(os.environ, PREFECT_RESULTS_LOCAL_STORAGE_PATH=str(tmp_path / "res"))
-        runner = subprocess.Popen([*KKTLAB, "run", str(path), "--store", str(store), "--dask-address", address,
-                                   "--json", str(tmp_path / "stats.json")], cwd=ROOT, env=env,
+        runner = subprocess.Popen([*cli.argv, "run", str(path), "--store", str(store), "--dask-address", address,
+                                   "--json", str(tmp_path / "stats.json")], cwd=cli.root, env=env,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and runner.poll() is None:
@@ -101,14 +100,14 @@ def test_sweep_survives_sigkill_of_a_dask_worker(tmp_path, write_config, prefect
                 np.testing.assert_allclose(float(got[name]), float(ref[name]), rtol=1e-9, err_msg=name)
 
 
-def test_two_experiments_into_one_store_concurrently(tmp_path, write_config, prefect_server):
+def test_two_experiments_into_one_store_concurrently(cli, tmp_path, write_config, prefect_server):
     """A nonrobust sweep and a forging sweep write one store at the same time: nothing lost."""
     store = tmp_path / "shared.zarr"
     a = write_config(dict(TINY, name="groupa", grid={"d": [12, 16], "seed": [0, 1, 2]}), "a.yaml")
     b = write_config({"experiment": "forging", "name": "groupb",
                       "grid": {"d": [2, 3], "eps": [0.1, 0.3], "estimator": ["exact", "naive_mc"]},
                       "params": {"model": "linreg", "n_samples": 500}, "runner": {"workers": 1}}, "b.yaml")
-    procs = [subprocess.Popen([*KKTLAB, "run", str(p), "--store", str(store)], cwd=ROOT, stdout=subprocess.PIPE,
+    procs = [subprocess.Popen([*cli.argv, "run", str(p), "--store", str(store)], cwd=cli.root, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True) for p in (a, b)]
     outs = [p.communicate(timeout=400)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [o[-2000:] for o in outs]
