@@ -264,6 +264,10 @@ def thm3_probability(d: int, L: float, r_min: int, r_max: int, diam_D2: float, e
     """Thm 3: (8 sqrt(9L/2))^d (¼ sqrt(2/L))^{r_min} e^{L_g diam} Γ(d/2+1)/(2 π^{d/2}) eps^{(d-r_max)/2}
     + C e^{-t0^ω} (§4.2 tail form, spec §6.9)."""
     d, L, eps = _dim("d", d, 1), _pos("L", L), _pos("eps", eps)
+    if not 0 <= r_min <= r_max <= d:
+        raise ValueError(f"need 0 <= r_min <= r_max <= d, got r_min={r_min}, r_max={r_max}, d={d}")
+    if L_g < 0 or C < 0 or t0 < 0 or omega < 0 or diam_D2 < 0:
+        raise ValueError("L_g, C, t0, omega and diam_D2 must be >= 0")
     main = _thm2_core(d, L, r_min, r_max, 0.0, eps) + L_g * diam_D2
     val = main if C == 0 else float(np.logaddexp(main, math.log(C) - t0 ** omega))
     return Bound(val, eps < 1 / (2 * L), "Thm 3 (heuristic)")
@@ -301,6 +305,8 @@ def appI_nu1_bound(n0: int, n1: int, d: int, R: float, xi: float) -> float:
     """App I Eq 106 (two-layer leaky ReLU, D2 = B_R): ν1 < 2ξ H π^{(d-1)/2} R^{d-1}/Γ((d+1)/2)
     - (H - 1) π^{d/2} ξ^d / Γ(d/2+1), H = n0 + n1 2^{n0} hyperplanes. Returns the bound (not log)."""
     d, R, xi = _dim("d", d, 1), _pos("R", R), _pos("xi", xi)
+    if int(n0) != n0 or n0 < 1 or int(n1) != n1 or n1 < 0:
+        raise ValueError(f"need integer widths n0 >= 1 and n1 >= 0, got n0={n0!r}, n1={n1!r}")
     H = n0 + n1 * 2 ** n0
     return (2 * xi * H * math.pi ** ((d - 1) / 2) * R ** (d - 1) / special.gamma((d + 1) / 2)
             - (H - 1) * math.pi ** (d / 2) * xi ** d / special.gamma(d / 2 + 1))
