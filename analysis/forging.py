@@ -52,9 +52,10 @@ def _line_dim(ds: xr.Dataset) -> str | None:
 
 
 VOLUME_BOUNDS = (("log_bound_eq16", "--", "Prop 2/4 (16)/(24)"), ("log_bound_eq17_paper", ":", "(17)/(25) paper (erratum)"),
-                 ("log_bound_eq17_corrected", "-.", "(17)/(25) corrected"))
+                 ("log_bound_eq17_corrected", "-.", "(17)/(25) corrected"), ("log_bound_thm2", "v:", "Thm 2 (heuristic)"))
 PROBABILITY_BOUNDS = (("log_probability_bound_cor1_eq30", "--", "Cor 1 (30)"),
-                      ("log_probability_bound_cor1_eq31_corrected", "-.", "Cor 1 (31) corrected"))
+                      ("log_probability_bound_cor1_eq31_corrected", "-.", "Cor 1 (31) corrected"),
+                      ("log_probability_bound_thm3", "^:", "Thm 3 (heuristic)"))
 NAIVE_MC_SAMPLES = 1_000_000  # F000-5 marks where naive MC with this many samples expects no hit
 
 

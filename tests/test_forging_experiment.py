@@ -167,3 +167,35 @@ def test_F000_1_figure(tmp_path):
 
     path = figure1_trajectory(tmp_path)
     assert path.exists() and path.suffix == ".png" and path.stat().st_size > 5000
+
+
+@pytest.mark.parametrize("domain", ["cylinder", "gaussian"])
+def test_P000_14_thm3_bound_stored_and_above_estimate(domain):
+    """P000-14 / F000-5: the Thm 3 bound (T000-8) is computed in the cell for both laws (cylinder:
+    D2 = V, L_g = 0; Gaussian: D2 = B_rho(0), exact chi² tail) where eps < 1/(2L), and it is >= the
+    estimated probability; with eps >= 1/(2L) it is NaN (hypothesis fails)."""
+    from tasks.forging import bounds as fb
+
+    exp = EXPERIMENTS["forging"]
+    cell = _cell(d=2, eps=0.03, domain=domain, R=2.0, R2=4.0, estimator="naive_mc", n_samples=50_000)
+    exp.check(cell)
+    r = exp.run_bundle([cell], "cpu")[0]
+    L, nul = r["lipschitz_estimate"], int(r["nullity"])
+    assert L > 0 and 0.03 < 1 / (2 * L) and nul == 1  # linreg: M affine in x, r = 1 (App H)
+    assert np.isfinite(r["log_probability_bound_thm3"])
+    assert r["log_probability"] <= r["log_probability_bound_thm3"]
+    if domain == "cylinder":
+        expect = fb.thm3_probability(3, L, 1, 1, 2 * np.hypot(2.0, 4.0), 0.03).log_value
+        assert r["log_probability_bound_thm3"] == pytest.approx(expect) and np.isnan(r["thm3_radius"])
+    else:
+        assert r["thm3_radius"] > 0
+        b, _ = fb.thm3_gaussian(3, L, 1, 1, 0.03, [r["thm3_radius"]])
+        assert r["log_probability_bound_thm3"] == pytest.approx(b.log_value)
+    big = exp.run_bundle([dict(cell, eps=1.0 / L)], "cpu")[0]
+    assert np.isnan(big["log_probability_bound_thm3"])
+
+
+def test_remark5_stored_on_the_ball_domain():
+    """T000-7 Remark 5 beside Thm 2 on the ball domain (heuristic; same exponent (D - r)/2)."""
+    r = forging_cell(model="linreg", d=2, eps=0.01, domain="ball", estimator="naive_mc", n_samples=2000)
+    assert np.isfinite(r["log_bound_thm2"]) and np.isfinite(r["log_bound_remark5"])

@@ -27,7 +27,7 @@ __all__ = [
     "prop4_eq24", "prop4_eq25_paper", "prop4_eq25_corrected",
     "cor1_eq30", "cor1_eq31_corrected", "cor2_corrected",
     "lemma2_local_paper", "lemma2_local_corrected",
-    "thm2_global", "remark5_bound", "thm3_probability", "batch_eq47", "thm4_global", "thm5_probability",
+    "thm2_global", "remark5_bound", "thm3_probability", "thm3_gaussian", "batch_eq47", "thm4_global", "thm5_probability",
     "appI_nu1_bound",
 ]
 
@@ -271,6 +271,27 @@ def thm3_probability(d: int, L: float, r_min: int, r_max: int, diam_D2: float, e
     main = _thm2_core(d, L, r_min, r_max, 0.0, eps) + L_g * diam_D2
     val = main if C == 0 else float(np.logaddexp(main, math.log(C) - t0 ** omega))
     return Bound(val, eps < 1 / (2 * L), "Thm 3 (heuristic)")
+
+
+def thm3_gaussian(D: int, L: float, r_min: int, r_max: int, eps: float,
+                  radii: Sequence[float]) -> tuple[Bound, float]:
+    """Thm 3 for x ~ N(0, I_D) (F000-5, Gaussian half of P000-14): (Bound, radius rho used).
+
+    The paper gives no (C, ω) for the Gaussian; spec §6.9 / T000-8 (resolution): D2 = B_rho(0), so
+    g = ||x||²/2 is rho-Lipschitz on D2 (L_g = rho), diam D2 = 2 rho, t0 = rho, and the proof of Thm 3
+    uses P2 only at t = t0 (P(x ∉ D2) <= C e^{-t0^ω}); that tail is replaced by the exact value it
+    bounds, P(||x|| >= rho) = χ²_D.sf(rho²). Every rho gives a bound; the smallest over ``radii`` is
+    returned. ``L`` must hold on the largest ball (the value grows with L, so one L for all rho is
+    conservative). ``valid``: eps < 1/(2L) (the cover hypothesis never holds: heuristic, §6.3)."""
+    from scipy.stats import chi2
+
+    rho = np.asarray(radii, dtype=float)
+    if rho.size == 0 or np.any(rho <= 0):
+        raise ValueError("radii must be a non-empty list of numbers > 0")
+    main = np.array([thm3_probability(D, L, r_min, r_max, 2 * x, eps, L_g=x).log_value for x in rho])
+    vals = np.logaddexp(main, chi2.logsf(rho * rho, D))
+    i = int(np.argmin(vals))
+    return Bound(float(vals[i]), eps < 1 / (2 * L), "Thm 3 Gaussian (heuristic)"), float(rho[i])
 
 
 def batch_eq47(d: int, m: int, B: int, L: float, r_min: int, r_max: int, log_vol_D2: float, eps: float) -> Bound:
