@@ -199,3 +199,25 @@ def test_remark5_stored_on_the_ball_domain():
     """T000-7 Remark 5 beside Thm 2 on the ball domain (heuristic; same exponent (D - r)/2)."""
     r = forging_cell(model="linreg", d=2, eps=0.01, domain="ball", estimator="naive_mc", n_samples=2000)
     assert np.isfinite(r["log_bound_thm2"]) and np.isfinite(r["log_bound_remark5"])
+
+
+_ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
+PAPER_CONFIGS = sorted(p.name for p in (_ROOT / "configs").glob("paper-000-*.yaml") if p.name != "paper-000-ci.yaml")
+
+
+@pytest.mark.parametrize("name", PAPER_CONFIGS)
+def test_paper_configs_use_2000_points_per_subset_level(name):
+    """Spec 000 §6.5: N >= 2000 points per subset-simulation level in every paper-000 config."""
+    from flows.config import load
+    from tasks.forging.estimators import LEVELLED
+
+    cfg = load(_ROOT / "configs" / name)
+    if cfg.experiment != "forging":
+        return
+    small = [c for c in cfg.cells() if c.get("estimator") in LEVELLED and c["n_samples"] < 2000]
+    assert not small, f"{len(small)} levelled cells with n_samples < 2000"
+
+
+@pytest.mark.parametrize("name", ["paper-000-ci.yaml", "quickstart-forging.yaml"])
+def test_ci_size_configs_say_why_they_use_fewer_points(name):
+    assert "§6.5" in (_ROOT / "configs" / name).read_text()
