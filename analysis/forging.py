@@ -78,11 +78,14 @@ def _volume_panel(ds: xr.Dataset, sel: dict, out: pathlib.Path, note: str) -> pa
     values = ds[line].values if line else [None]
     colors = plt.cm.viridis(np.linspace(0, 0.9, len(values)))
     drawn: set[str] = set()
+    inset_points = []
     for color, value in zip(colors, values):
         one = sub.sel({line: value}) if line else sub
         lv = _reduce(one[var], keep).values
         se = _reduce(one["log_volume_stderr"], keep).values
         slope = _small_eps_slope(eps, lv)
+        inset_points.append((slope, *(float(np.nanmean(_reduce(one[v], keep).values))
+                                      for v in ("tube_exponent", "thm2_exponent"))))
         pred = np.nanmean(_reduce(one["predicted_exponent"], keep).values)
         tag = (f"{line}={value}: " if line else "") + f"slope {slope:.2f} (pred. {pred:.2g})"
         exact = _reduce(one["log_volume_exact"], keep).values if not probability else np.full(len(eps), np.nan)
@@ -103,6 +106,8 @@ def _volume_panel(ds: xr.Dataset, sel: dict, out: pathlib.Path, note: str) -> pa
         if style in drawn:
             ax.plot([], [], style, color="gray", label=lab)
     ax.set_xlabel(r"$\log_{10}\varepsilon$")
+    if _domain(ds, sel) == "ball":
+        slope_inset(ax, inset_points)
     if probability:
         ax.axhline(np.log10(3.0 / NAIVE_MC_SAMPLES), color="red", lw=0.8, ls=":",
                    label=f"below: naive MC with {NAIVE_MC_SAMPLES:.0e} samples likely sees no hit")
@@ -113,6 +118,23 @@ def _volume_panel(ds: xr.Dataset, sel: dict, out: pathlib.Path, note: str) -> pa
         title = ("Batch forging volume, B fixed (package validation, F000-6)" if line == "m"
                  else "Forging-set volume (package validation, F000-3/4)")
     return finish(fig, ax, out, title + ("\n" + note if note else ""))
+
+
+def slope_inset(ax, points: list[tuple[float, float, float]]):
+    """F000-4 inset: fitted small-eps slope vs D - r (circles) and vs (D - r)/2 (triangles), r = nullity
+    of M0 at x* stored per cell (D = m(d + 1)); the diagonal is slope = exponent. Returns the inset Axes."""
+    ins = ax.inset_axes([0.66, 0.07, 0.31, 0.31])
+    pts = np.array([p for p in points if np.isfinite(p).all()], dtype=float).reshape(-1, 3)
+    if len(pts):
+        ins.plot(pts[:, 1], pts[:, 0], "o", ms=3, color="C0", label="vs D - r")
+        ins.plot(pts[:, 2], pts[:, 0], "^", ms=3, color="C3", label="vs (D - r)/2")
+        hi = float(np.nanmax(pts)) + 0.5
+        ins.plot([0, hi], [0, hi], "-", color="gray", lw=0.6)
+    ins.set_xlabel("exponent (r at x*)", fontsize=6)
+    ins.set_ylabel("fitted slope", fontsize=6)
+    ins.tick_params(labelsize=5)
+    ins.legend(fontsize=5, loc="upper left")
+    return ins
 
 
 def figures(ds: xr.Dataset, out_dir: pathlib.Path, prefix: str = "") -> list[pathlib.Path]:

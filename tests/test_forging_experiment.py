@@ -221,3 +221,42 @@ def test_paper_configs_use_2000_points_per_subset_level(name):
 @pytest.mark.parametrize("name", ["paper-000-ci.yaml", "quickstart-forging.yaml"])
 def test_ci_size_configs_say_why_they_use_fewer_points(name):
     assert "§6.5" in (_ROOT / "configs" / name).read_text()
+
+
+def _png_has_content(path) -> bool:
+    import matplotlib.image as mpimg
+
+    img = mpimg.imread(path)
+    return img.ndim == 3 and float((img[..., :3] < 0.9).any(-1).mean()) > 0.01
+
+
+@pytest.mark.slow
+def test_F000_4_slope_inset_from_stored_nullity(tmp_path):
+    """F000-4 inset: the fitted small-eps slope per d against D - r and (D - r)/2, r = the stored
+    nullity at x*; linreg on the ball D2 = B_R(x*): r = 1, D - r = d (P000-8: slope ≈ D - r)."""
+    import matplotlib.pyplot as plt
+
+    from analysis.forging import _small_eps_slope, figures, slope_inset
+
+    exp = EXPERIMENTS["forging"]
+    d_vals, eps_vals = [2, 3], [0.01, 0.03, 0.1]
+    cells = [_cell(d=d, eps=e, domain="ball", estimator="naive_mc", n_samples=30_000, lipschitz_pairs=16)
+             for d in d_vals for e in eps_vals]
+    res = exp.run_bundle(cells, "cpu")
+    data = {v: (("d", "eps"), np.array([r[v] for r in res]).reshape(2, 3)) for v in exp.variables}
+    ds = xr.Dataset(data, coords={"d": d_vals, "eps": eps_vals})
+    ds["done"] = (("d", "eps"), np.ones((2, 3), dtype=bool))
+    ds.attrs["kktlab_identity"] = '{"params": {"domain": "ball"}}'
+    points = []
+    for d in d_vals:
+        one = ds.sel(d=d)
+        assert set(one.nullity.values) == {1.0} and set(one.tube_exponent.values) == {float(d)}
+        points.append((_small_eps_slope(ds.eps.values, one.log_volume.values), float(d), d / 2))
+    assert all(p[0] >= p[2] for p in points)  # P000-8: slope >= (D - r)/2
+    fig, ax = plt.subplots()
+    ins = slope_inset(ax, points)
+    np.testing.assert_allclose(ins.lines[0].get_xydata(), [[p[1], p[0]] for p in points])
+    np.testing.assert_allclose(ins.lines[1].get_xydata(), [[p[2], p[0]] for p in points])
+    plt.close(fig)
+    paths = [p for p in figures(ds, tmp_path) if "forging_volume" in p.name]
+    assert len(paths) == 1 and _png_has_content(paths[0])

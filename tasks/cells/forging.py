@@ -9,6 +9,13 @@ D2 = B_R(x*) ⊂ R^{d+1} (§4, D000-4), with m > 1 or B > 1 the batch set of Eq 
 m of the B points of a batch replaced; m = 1 < B is one replaced point seen through the 1/B batch mean).
 "cylinder" / "gaussian": the forging probability for (z, t) uniform on B_R × [-R2, R2] (§3.3, Cor 1)
 or (z, t) ~ N(0, I) (F000-5); the label parameter does not apply (the law fixes it).
+
+Nullity r: measured at x* only and used as r_min = r_max = r in Thm 2 / Eq 47 / Thm 3 / Remark 5.
+F000-4 asks for r at x* (its inset plots the slope against D - r and (D - r)/2 with this r); T000-7
+also asks for r at forgers found by the samplers ("report both"): not done, because the estimators
+return no forger points (only subset simulation keeps its last level, as latents of the law), and
+for the models here r is constant along the exact-forging curve through x* (linreg: r = 1 at every
+(x, y) with wᵀx != y, App H / P000-9), so the x* value is the one the exponent uses.
 """
 
 from __future__ import annotations
