@@ -1,5 +1,5 @@
-"""Paper 000 figures from a ``forging`` store (F000-3/4/6 package validation figures) and the
-paper's Fig 1 (F000-1, recomputed via tasks.forging.sgd; it is not a grid experiment).
+"""Paper 000 figures from a ``forging`` store (F000-3/4/5/6 package validation figures); the
+paper's Fig 1 (F000-1) is the ``forging_sgd`` experiment, drawn by analysis/forging_sgd.py.
 
 F000-3: log mu vs log eps, one line per d, points ± 1.96 SE for estimators, solid exact curve where
 stored, dashed bounds ((16), (17)-paper, (17)-corrected), slope fitted at report time over the
@@ -23,7 +23,6 @@ from analysis.common import finish  # noqa: E402
 from storage.query import fixed_params  # noqa: E402
 from tasks.cells.forging import PROBABILITY_DOMAINS  # noqa: E402
 from tasks.forging.slopes import fit_log_slope  # noqa: E402
-from tasks.forging.sgd import figure1_trajectories  # noqa: E402
 
 _PANEL_DIMS = ("model", "estimator", "A", "domain", "label", "width", "m")
 
@@ -154,25 +153,4 @@ def figures(ds: xr.Dataset, out_dir: pathlib.Path, prefix: str = "") -> list[pat
             note += f" ({n}/{tot} cells done)"
         name = "_".join(f"{k}-{v}" for k, v in sel.items()) or "all"
         paths.append(_volume_panel(ds, sel, out_dir / f"{prefix}forging_volume_{name}.png", note))
-    # Fig 1 (F000-1) is not a grid: computed here from tasks/forging_sgd.py, once per report
-    if not (out_dir / "paper000_fig1_trajectory.png").exists():
-        paths.append(figure1_trajectory(out_dir))
     return paths
-
-
-def figure1_trajectory(out_dir: pathlib.Path, **kwargs) -> pathlib.Path:
-    """F000-1 (paper Fig 1): SGD on the two-basin loss, original (red) vs forged first point (green)."""
-    out_dir = pathlib.Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    r = figure1_trajectories(**kwargs)
-    k = np.arange(len(r["w_original"]))
-    c = kwargs.get("c", 2.0)
-    fig, ax = plt.subplots(figsize=(6.0, 4.0))
-    ax.plot(k, r["w_original"], "o-", color="red", ms=3, label=f"original ($x_0$={kwargs.get('x0', -0.5)})")
-    ax.plot(k, r["w_forged"], "o-", color="green", ms=3, label=rf"forged ($\tilde x_0$={kwargs.get('x0_forged', 0.2)})")
-    for s in (c, -c):
-        ax.axhline(s, color="gray", ls="--", lw=0.8)
-    ax.set_xlabel("SGD step k")
-    ax.set_ylabel(r"$w_k$")
-    return finish(fig, ax, out_dir / "paper000_fig1_trajectory.png",
-                  "Paper 000 Fig 1 (F000-1): forging at step 0 sends SGD to the other basin")

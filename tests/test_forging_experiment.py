@@ -161,12 +161,43 @@ def test_F000_5_P000_14_probability_cells_and_figure(tmp_path):
     assert len(paths) == 4 and all(p.stat().st_size > 5000 for p in paths)
 
 
-def test_F000_1_figure(tmp_path):
-    """F000-1: figure1_trajectory draws Fig 1 from tasks.forging.sgd (PNG written)."""
-    from analysis.forging import figure1_trajectory
+def test_F000_1_forging_sgd_experiment_stores_trajectories_and_draws_them(tmp_path):
+    """F000-1 / P000-15 as the ``forging_sgd`` experiment: both trajectories are stored along the
+    extra dim ``step`` (shared points along ``point``), and the report draws Fig 1 from the stored
+    numbers: the plotted lines are the stored w_k, the PNG has content, a second report redraws it."""
+    import matplotlib.pyplot as plt
 
-    path = figure1_trajectory(tmp_path)
-    assert path.exists() and path.suffix == ".png" and path.stat().st_size > 5000
+    import flows.experiments.forging_sgd  # noqa: F401  (registers 'forging_sgd')
+    from analysis.forging_sgd import draw_trajectories, figures
+
+    exp = EXPERIMENTS["forging_sgd"]
+    cells = [dict({k: p.default for k, p in exp.params.items()}, data=d) for d in ("uniform", "zeros")]
+    res = exp.run_bundle(cells, "cpu")
+    sizes = exp.extra_dims(cells)
+    assert sizes == {"step": 21, "point": 19}
+    u = res[0]
+    assert u["grad_original_w0"] == pytest.approx(0.248206, abs=1e-6) and u["opposite_basins"] == 1
+    assert u["w_original"][1] == pytest.approx(-0.07436, abs=1e-5) and u["w_forged"][1] == pytest.approx(0.03064, abs=1e-5)
+    assert u["w_final_original"] == pytest.approx(-2.00700, abs=1e-5) and u["w_final_forged"] == pytest.approx(1.91953, abs=1e-5)
+    assert res[1]["w_final_forged"] == pytest.approx(2.00162, abs=1e-5)
+    data = {}
+    for v, var in exp.variables.items():
+        data[v] = (("data", *var.dims), np.stack([np.asarray(r[v]) for r in res]))
+    ds = xr.Dataset(data, coords={"data": ["uniform", "zeros"]})
+    ds["done"] = (("data",), np.ones(2, dtype=bool))
+    fig, ax = plt.subplots()
+    draw_trajectories(ax, ds.w_original.sel(data="uniform").values, ds.w_forged.sel(data="uniform").values, 2.0,
+                      -0.5, 0.2)
+    np.testing.assert_array_equal(ax.lines[0].get_ydata(), u["w_original"])
+    np.testing.assert_array_equal(ax.lines[1].get_ydata(), u["w_forged"])
+    assert [tuple(ln.get_ydata()) for ln in ax.lines[2:]] == [(2.0, 2.0), (-2.0, -2.0)]
+    plt.close(fig)
+    paths = figures(ds, tmp_path)
+    assert len(paths) == 2 and all(_png_has_content(p) for p in paths)
+    stamp = paths[0].stat().st_mtime_ns
+    paths[0].write_bytes(b"stale")
+    again = figures(ds, tmp_path)
+    assert again[0] == paths[0] and _png_has_content(again[0]) and again[0].stat().st_mtime_ns >= stamp
 
 
 @pytest.mark.parametrize("domain", ["cylinder", "gaussian"])

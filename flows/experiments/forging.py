@@ -5,7 +5,7 @@ computes log mu(S_eps) at ONE eps with the named estimator (or the exact T000-2x
 linreg), the paper's bounds at that eps, and the nullity r of M0 at x*. Exponent fits across eps
 (F000-3 slopes, P000-5/P000-8) are done at report time from the stored eps axis
 (analysis/forging.py), not per cell. All maths is in tasks/forging_cell.py and tasks/forging_*.
-Fig 1 (F000-1) is not a grid: `kktlab report` draws it with analysis.forging.figure1_trajectory.
+Fig 1 (F000-1) is the separate experiment ``forging_sgd`` (flows/experiments/forging_sgd.py).
 
 Cells are independent and cheap; the stacking that matters (thousands of candidate points per
 gradient call, 10 repetitions per tensor) happens inside each estimator, so bundles are just

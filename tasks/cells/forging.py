@@ -13,9 +13,9 @@ or (z, t) ~ N(0, I) (F000-5); the label parameter does not apply (the law fixes 
 Nullity r: measured at x* only and used as r_min = r_max = r in Thm 2 / Eq 47 / Thm 3 / Remark 5.
 F000-4 asks for r at x* (its inset plots the slope against D - r and (D - r)/2 with this r); T000-7
 also asks for r at forgers found by the samplers ("report both"): not done, because the estimators
-return no forger points (only subset simulation keeps its last level, as latents of the law), and
-for the models here r is constant along the exact-forging curve through x* (linreg: r = 1 at every
-(x, y) with wᵀx != y, App H / P000-9), so the x* value is the one the exponent uses.
+return no forger points (only subset simulation keeps its last level, as latents of the law). For
+linreg it changes nothing (r = 1 at every (x, y) with wᵀx != y, App H / P000-9); for the nets r at
+forgers may differ from r at x* and is not measured (open).
 """
 
 from __future__ import annotations
