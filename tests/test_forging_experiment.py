@@ -133,7 +133,7 @@ def test_F000_5_P000_14_probability_cells_and_figure(tmp_path):
     from analysis.forging import figures
 
     exp = EXPERIMENTS["forging"]
-    cells = [_cell(d=3, eps=e, domain=dom, R=2.0, R2=4.0, estimator=est, n_samples=n)
+    cells = [_cell(d=3, eps=e, domain=dom, R=2.0, R2=4.0, estimator=est, n_samples=n, lipschitz_pairs=32)
              for dom in ("cylinder", "gaussian") for e in (0.1, 0.3)
              for est, n in (("naive_mc", 200_000), ("nested_sampling", 500))]
     for c in cells:
