@@ -1,5 +1,5 @@
-"""Paper 000 figures from a ``forging`` store (F000-3/4/6 package validation figures) and the
-paper's Fig 1 (F000-1, recomputed via tasks.forging.sgd; it is not a grid experiment).
+"""Paper 000 figures from a ``forging`` store (F000-3/4/5/6 package validation figures); the
+paper's Fig 1 (F000-1) is the ``forging_sgd`` experiment, drawn by analysis/forging_sgd.py.
 
 F000-3: log mu vs log eps, one line per d, points ± 1.96 SE for estimators, solid exact curve where
 stored, dashed bounds ((16), (17)-paper, (17)-corrected), slope fitted at report time over the
@@ -23,7 +23,6 @@ from analysis.common import finish  # noqa: E402
 from storage.query import fixed_params  # noqa: E402
 from tasks.cells.forging import PROBABILITY_DOMAINS  # noqa: E402
 from tasks.forging.slopes import fit_log_slope  # noqa: E402
-from tasks.forging.sgd import figure1_trajectories  # noqa: E402
 
 _PANEL_DIMS = ("model", "estimator", "A", "domain", "label", "width", "m")
 
@@ -52,9 +51,10 @@ def _line_dim(ds: xr.Dataset) -> str | None:
 
 
 VOLUME_BOUNDS = (("log_bound_eq16", "--", "Prop 2/4 (16)/(24)"), ("log_bound_eq17_paper", ":", "(17)/(25) paper (erratum)"),
-                 ("log_bound_eq17_corrected", "-.", "(17)/(25) corrected"))
+                 ("log_bound_eq17_corrected", "-.", "(17)/(25) corrected"), ("log_bound_thm2", "v:", "Thm 2 (heuristic)"))
 PROBABILITY_BOUNDS = (("log_probability_bound_cor1_eq30", "--", "Cor 1 (30)"),
-                      ("log_probability_bound_cor1_eq31_corrected", "-.", "Cor 1 (31) corrected"))
+                      ("log_probability_bound_cor1_eq31_corrected", "-.", "Cor 1 (31) corrected"),
+                      ("log_probability_bound_thm3", "^:", "Thm 3 (heuristic)"))
 NAIVE_MC_SAMPLES = 1_000_000  # F000-5 marks where naive MC with this many samples expects no hit
 
 
@@ -77,11 +77,14 @@ def _volume_panel(ds: xr.Dataset, sel: dict, out: pathlib.Path, note: str) -> pa
     values = ds[line].values if line else [None]
     colors = plt.cm.viridis(np.linspace(0, 0.9, len(values)))
     drawn: set[str] = set()
+    inset_points = []
     for color, value in zip(colors, values):
         one = sub.sel({line: value}) if line else sub
         lv = _reduce(one[var], keep).values
         se = _reduce(one["log_volume_stderr"], keep).values
         slope = _small_eps_slope(eps, lv)
+        inset_points.append((slope, *(float(np.nanmean(_reduce(one[v], keep).values))
+                                      for v in ("tube_exponent", "thm2_exponent"))))
         pred = np.nanmean(_reduce(one["predicted_exponent"], keep).values)
         tag = (f"{line}={value}: " if line else "") + f"slope {slope:.2f} (pred. {pred:.2g})"
         exact = _reduce(one["log_volume_exact"], keep).values if not probability else np.full(len(eps), np.nan)
@@ -102,6 +105,8 @@ def _volume_panel(ds: xr.Dataset, sel: dict, out: pathlib.Path, note: str) -> pa
         if style in drawn:
             ax.plot([], [], style, color="gray", label=lab)
     ax.set_xlabel(r"$\log_{10}\varepsilon$")
+    if _domain(ds, sel) == "ball":
+        slope_inset(ax, inset_points)
     if probability:
         ax.axhline(np.log10(3.0 / NAIVE_MC_SAMPLES), color="red", lw=0.8, ls=":",
                    label=f"below: naive MC with {NAIVE_MC_SAMPLES:.0e} samples likely sees no hit")
@@ -112,6 +117,23 @@ def _volume_panel(ds: xr.Dataset, sel: dict, out: pathlib.Path, note: str) -> pa
         title = ("Batch forging volume, B fixed (package validation, F000-6)" if line == "m"
                  else "Forging-set volume (package validation, F000-3/4)")
     return finish(fig, ax, out, title + ("\n" + note if note else ""))
+
+
+def slope_inset(ax, points: list[tuple[float, float, float]]):
+    """F000-4 inset: fitted small-eps slope vs D - r (circles) and vs (D - r)/2 (triangles), r = nullity
+    of M0 at x* stored per cell (D = m(d + 1)); the diagonal is slope = exponent. Returns the inset Axes."""
+    ins = ax.inset_axes([0.66, 0.07, 0.31, 0.31])
+    pts = np.array([p for p in points if np.isfinite(p).all()], dtype=float).reshape(-1, 3)
+    if len(pts):
+        ins.plot(pts[:, 1], pts[:, 0], "o", ms=3, color="C0", label="vs D - r")
+        ins.plot(pts[:, 2], pts[:, 0], "^", ms=3, color="C3", label="vs (D - r)/2")
+        hi = float(np.nanmax(pts)) + 0.5
+        ins.plot([0, hi], [0, hi], "-", color="gray", lw=0.6)
+    ins.set_xlabel("exponent (r at x*)", fontsize=6)
+    ins.set_ylabel("fitted slope", fontsize=6)
+    ins.tick_params(labelsize=5)
+    ins.legend(fontsize=5, loc="upper left")
+    return ins
 
 
 def figures(ds: xr.Dataset, out_dir: pathlib.Path, prefix: str = "") -> list[pathlib.Path]:
@@ -131,25 +153,4 @@ def figures(ds: xr.Dataset, out_dir: pathlib.Path, prefix: str = "") -> list[pat
             note += f" ({n}/{tot} cells done)"
         name = "_".join(f"{k}-{v}" for k, v in sel.items()) or "all"
         paths.append(_volume_panel(ds, sel, out_dir / f"{prefix}forging_volume_{name}.png", note))
-    # Fig 1 (F000-1) is not a grid: computed here from tasks/forging_sgd.py, once per report
-    if not (out_dir / "paper000_fig1_trajectory.png").exists():
-        paths.append(figure1_trajectory(out_dir))
     return paths
-
-
-def figure1_trajectory(out_dir: pathlib.Path, **kwargs) -> pathlib.Path:
-    """F000-1 (paper Fig 1): SGD on the two-basin loss, original (red) vs forged first point (green)."""
-    out_dir = pathlib.Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    r = figure1_trajectories(**kwargs)
-    k = np.arange(len(r["w_original"]))
-    c = kwargs.get("c", 2.0)
-    fig, ax = plt.subplots(figsize=(6.0, 4.0))
-    ax.plot(k, r["w_original"], "o-", color="red", ms=3, label=f"original ($x_0$={kwargs.get('x0', -0.5)})")
-    ax.plot(k, r["w_forged"], "o-", color="green", ms=3, label=rf"forged ($\tilde x_0$={kwargs.get('x0_forged', 0.2)})")
-    for s in (c, -c):
-        ax.axhline(s, color="gray", ls="--", lw=0.8)
-    ax.set_xlabel("SGD step k")
-    ax.set_ylabel(r"$w_k$")
-    return finish(fig, ax, out_dir / "paper000_fig1_trajectory.png",
-                  "Paper 000 Fig 1 (F000-1): forging at step 0 sends SGD to the other basin")

@@ -8,7 +8,7 @@ import pathlib
 from storage.query import groups, open_results, provenance, status
 
 # experiment -> module in analysis/ with ``figures(ds, out_dir, prefix) -> [paths]``
-FIGURES = {"nonrobust": "analysis.nonrobust", "forging": "analysis.forging"}
+FIGURES = {"nonrobust": "analysis.nonrobust", "forging": "analysis.forging", "forging_sgd": "analysis.forging_sgd"}
 
 
 def report(store: str | pathlib.Path, out: str | pathlib.Path) -> list[pathlib.Path]:

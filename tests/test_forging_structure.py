@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.func import vmap
 
-from tasks.forging.models import (batch_forging_mismatch, batch_mixed_hessian, estimate_lipschitz, make_model,
+from tasks.forging.models import (SquaredLossModel, batch_forging_mismatch, batch_mixed_hessian, estimate_lipschitz, make_model,
                                   make_target, mixed_hessian, nullity, whole_batch_mismatch)
 from tasks.forging.sgd import figure1_trajectories, sgd_trajectories
 
@@ -40,22 +40,66 @@ def test_P000_9_linreg_nullity_is_one(d):
     assert r0 == d and int((s0 > 1e-10 * s0.max()).sum()) == 1
 
 
-def test_P000_11_rank_facts_one_layer():
-    """P000-11 (§4.3): r >= d - n when d >= n (n = #params); analytic nets are full rank typically
-    (r reported at two tolerances, r <= d for the data dim D = d + 1)."""
+def _random_features(act_name: str, d: int, n: int, gen: torch.Generator) -> SquaredLossModel:
+    """One-hidden-layer net with a frozen random first layer W0 (n, d): only v ∈ R^n is trained, so the
+    model has n parameters for D = d + 1 inputs (fewer parameters than inputs when n <= d)."""
+    act = {"tanh": torch.tanh, "softplus": torch.nn.functional.softplus, "relu": lambda u: u * (u > 0).double()}
+    W0 = torch.randn(n, d, dtype=torch.float64, generator=gen) / math.sqrt(d)
+    v = torch.randn(n, dtype=torch.float64, generator=gen)
+    return SquaredLossModel(f"rf_{act_name}", lambda w, z: w @ act[act_name](W0 @ z), v, d)
+
+
+def _single_neuron(d: int, gen: torch.Generator) -> SquaredLossModel:
+    """φ(w; z) = tanh(wᵀz): n = d parameters, D = d + 1 inputs."""
+    return SquaredLossModel("neuron_tanh", lambda w, z: torch.tanh(w @ z),
+                            torch.randn(d, dtype=torch.float64, generator=gen), d)
+
+
+FEW_PARAMS = [("linreg", 2, 0), ("linreg", 9, 0), ("rf_tanh", 8, 3), ("rf_tanh", 5, 1), ("rf_softplus", 8, 3),
+              ("rf_softplus", 12, 5), ("rf_relu", 8, 3), ("neuron_tanh", 6, 0)]
+
+
+@pytest.mark.parametrize("name,d,n_hidden", FEW_PARAMS)
+def test_P000_11_rank_facts_fewer_params_than_inputs(name, d, n_hidden):
+    """P000-11 / T000-9 (§4.3, Eq 36): with n parameters and D = d + 1 data dims, D >= n gives
+    D - n <= r <= D - 1 at a random x*. Every model here has n < D, so the lower bound is >= 1."""
+    gen = torch.Generator().manual_seed(d * 31 + n_hidden)
+    if name == "linreg":
+        model = make_model("linreg", d, 0, gen)
+    elif name == "neuron_tanh":
+        model = _single_neuron(d, gen)
+    else:
+        model = _random_features(name.split("_")[1], d, n_hidden, gen)
+    xs = make_target(model, 1.0, gen)
+    M = mixed_hessian(model.loss, model.w, xs)
+    n, D = model.n_params, d + 1
+    assert M.shape == (n, D)
+    lower = D - n
+    assert lower >= 1  # the prediction is not vacuous for this model
+    r, _ = nullity(M)
+    r_loose, _ = nullity(M, rtol=1e-6)
+    assert lower <= r <= r_loose <= D - 1
+    if name.startswith(("rf_tanh", "rf_softplus")) or name in ("linreg", "neuron_tanh"):
+        assert r == lower  # analytic, generic: rank n exactly (linreg: App H, r = 1)
+
+
+@pytest.mark.parametrize("name,d,width", [("tanh1", 8, 1), ("softplus1", 3, 4), ("relu1", 4, 3)])
+def test_P000_11_rank_facts_one_layer_more_params(name, d, width):
+    """P000-11 (§4.3, Eq 38-39), the other regime: one-layer nets with n = width (d + 1) >= D, so
+    0 <= r <= D - 1; analytic nets are generically full rank (softplus: r = 0 here, reported by
+    the spec, not a theorem); ReLU keeps the homogeneity direction, r >= 1 (P000-10)."""
     gen = torch.Generator().manual_seed(0)
-    for name, d, width in [("tanh1", 8, 1), ("softplus1", 3, 4), ("relu1", 4, 3)]:
-        model = make_model(name, d, width, gen)
-        xs = make_target(model, 1.0, gen)
-        M = mixed_hessian(model.loss, model.w, xs)
-        assert M.shape == (model.n_params, d + 1)
-        r, s = nullity(M)
-        r_loose, _ = nullity(M, rtol=1e-6)
-        assert max(0, d + 1 - model.n_params) <= r <= r_loose <= d + 1
-        if name == "softplus1":
-            assert r == 0  # n(d+1) >= d+1 and analytic: generic full column rank (reported)
-        if name == "relu1":
-            assert r >= 1  # homogeneity direction (P000-10)
+    model = make_model(name, d, width, gen)
+    xs = make_target(model, 1.0, gen)
+    M = mixed_hessian(model.loss, model.w, xs)
+    assert M.shape == (model.n_params, d + 1) and model.n_params >= d + 1
+    r, _ = nullity(M)
+    r_loose, _ = nullity(M, rtol=1e-6)
+    assert 0 <= r <= r_loose <= d
+    if name == "softplus1":
+        assert r == 0
+    if name == "relu1":
+        assert r >= 1
     L = estimate_lipschitz(model.loss, model.w, xs, 1.0, 64, torch.Generator().manual_seed(1))
     assert L > 0 and math.isfinite(L)
 

@@ -5,7 +5,7 @@ computes log mu(S_eps) at ONE eps with the named estimator (or the exact T000-2x
 linreg), the paper's bounds at that eps, and the nullity r of M0 at x*. Exponent fits across eps
 (F000-3 slopes, P000-5/P000-8) are done at report time from the stored eps axis
 (analysis/forging.py), not per cell. All maths is in tasks/forging_cell.py and tasks/forging_*.
-Fig 1 (F000-1) is not a grid: `kktlab report` draws it with analysis.forging.figure1_trajectory.
+Fig 1 (F000-1) is the separate experiment ``forging_sgd`` (flows/experiments/forging_sgd.py).
 
 Cells are independent and cheap; the stacking that matters (thousands of candidate points per
 gradient call, 10 repetitions per tensor) happens inside each estimator, so bundles are just
@@ -62,8 +62,17 @@ V = {
                            "under N(0, I) (gaussian)"),
     "log_ball_volume": Var("log(volume)", "log vol(B_R) of the data ball (slab: R^d; ball: (R^{d+1})^m; "
                            "cylinder: vol(B_R × [-R2, R2]))"),
-    "log_probability_bound": Var("log(probability)", "cylinder, linreg: min of the valid Cor 1 bounds "
-                                 "(30) and (31)-corrected on P(forge) (P000-14); NaN otherwise"),
+    "log_probability_bound": Var("log(probability)", "cylinder: min of the valid Cor 1 bounds (30) and "
+                                 "(31)-corrected (linreg) or Cor 2 corrected (relu1) on P(forge) (P000-14); "
+                                 "NaN otherwise"),
+    "log_probability_bound_thm3": Var("log(probability)", "cylinder / gaussian, C² models (linreg, tanh1, "
+                                      "softplus1): Thm 3 (T000-8, heuristic constants) with r = nullity at x*, L = "
+                                      "lipschitz_estimate; cylinder: D2 = V, L_g = 0, no tail; gaussian: D2 = "
+                                      "B_rho(0), L_g = rho, exact chi² tail P(||x|| >= rho), min over rho "
+                                      "(thm3_radius); NaN where eps >= 1/(2L) or for relu1"),
+    "thm3_radius": Var("1", "gaussian: radius rho of D2 = B_rho(0) giving the smallest Thm 3 bound; NaN otherwise"),
+    "log_bound_remark5": Var("log(volume)", "ball domain, m = 1: Remark 5 form of Thm 2 (diam D2 = 2R, r at x*, "
+                             "L estimated; heuristic); NaN when eps >= 1/(2L) or otherwise"),
     "log_probability_bound_cor1_eq30": Var("log(probability)", "cylinder, linreg: Cor 1 (30), L_g = 0, no tail"),
     "log_probability_bound_cor1_eq31_corrected": Var("log(probability)", "cylinder, linreg: Cor 1 (31) with the "
                                                      "eps(c eps)^(d-1) correction; NaN where its hypotheses fail"),
@@ -76,7 +85,8 @@ V = {
                           "NaN when eps >= 1/(2L) or slab domain"),
     "n_gradient_evals": Var("1", "gradient evaluations used by the estimator (0 for exact)"),
     "n_hits": Var("1", "sampled points inside S_eps (final level for subset simulation)"),
-    "nullity": Var("1", "r = dim ker M0(x*), M0 = ∇_x∇_w f (n × (d+1), batch: n × m(d+1)), NumPy tolerance"),
+    "nullity": Var("1", "r = dim ker M0(x*), M0 = ∇_x∇_w f (n × (d+1), batch: n × m(d+1)), NumPy tolerance; "
+                   "measured at x* only (F000-4 inset, r_min = r_max = r in the Thm 2/3 bounds; see forging_cell)"),
     "nullity_loose": Var("1", "r at tolerance 1e-6 σ_max (exposes near-degeneracy, spec §6.7)"),
     "m0_sigma_min": Var("1", "smallest non-zero singular value of M0(x*)"),
     "m0_sigma_max": Var("1", "largest singular value of M0(x*)"),
@@ -84,7 +94,8 @@ V = {
     "thm2_exponent": Var("1", "(D - r)/2 with D = m(d+1), Thm 2 / Eq 47"),
     "tube_exponent": Var("1", "D - r, the rate of a tube around the exact-forging manifold (spec §6.3)"),
     "grad_norm": Var("1", "||∇_w f(w; x*)|| (= A)"),
-    "lipschitz_estimate": Var("1", "estimate (lower bound) of L, Lipschitz constant of M(w, ·) on D2 (ball only)"),
+    "lipschitz_estimate": Var("1", "estimate (lower bound) of L, Lipschitz constant of M(w, ·) on D2 (ball: "
+                              "B_R(x*); cylinder / gaussian: the ball about 0 containing D2; NaN on the slab)"),
     "status": Var("1", "0 ok, 1 unbounded (ReLU, eps >= ||∇f(x*)||, P000-10), 2 subset simulation or nested "
                   "sampling stalled (eps below min of the mismatch on the domain)"),
     "min_level": Var("1", "status 2: lowest mismatch level reached"),

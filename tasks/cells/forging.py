@@ -9,6 +9,13 @@ D2 = B_R(x*) ⊂ R^{d+1} (§4, D000-4), with m > 1 or B > 1 the batch set of Eq 
 m of the B points of a batch replaced; m = 1 < B is one replaced point seen through the 1/B batch mean).
 "cylinder" / "gaussian": the forging probability for (z, t) uniform on B_R × [-R2, R2] (§3.3, Cor 1)
 or (z, t) ~ N(0, I) (F000-5); the label parameter does not apply (the law fixes it).
+
+Nullity r: measured at x* only and used as r_min = r_max = r in Thm 2 / Eq 47 / Thm 3 / Remark 5.
+F000-4 asks for r at x* (its inset plots the slope against D - r and (D - r)/2 with this r); T000-7
+also asks for r at forgers found by the samplers ("report both"): not done, because the estimators
+return no forger points (only subset simulation keeps its last level, as latents of the law). For
+linreg it changes nothing (r = 1 at every (x, y) with wᵀx != y, App H / P000-9); for the nets r at
+forgers may differ from r at x* and is not measured (open).
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ OUTPUTS = (
     "predicted_exponent", "thm2_exponent", "tube_exponent", "grad_norm", "lipschitz_estimate",
     "status", "min_level", "importance_ess", "importance_khat", "wall_time",
     "log_probability_bound", "log_probability_bound_cor1_eq30", "log_probability_bound_cor1_eq31_corrected",
+    "log_probability_bound_thm3", "thm3_radius", "log_bound_remark5",
 )
 PROBABILITY_DOMAINS = ("cylinder", "gaussian")  # F000-5: forging probability under a law on (z, t)
 
@@ -50,12 +58,7 @@ def _slab_bounds(model, x_star, d, R, eps, G) -> dict[str, float]:
     if model.name == "linreg":
         b16, b17p, b17c = fb.prop2_eq16(d, R, eps), fb.prop2_eq17_paper(d, R, eps, G), fb.prop2_eq17_corrected(d, R, eps, G)
     elif model.name == "relu1":
-        W, v = model.split()
-        s = float(model.phi(model.w, x_star[:-1]) - x_star[-1])
-        active = (W @ x_star[:-1] > 0).double()
-        A_rows = (abs(s) * v.abs() * active * x_star[:-1].norm()).tolist()  # A_i of D000-3
-        v_min = float(v.abs()[v != 0].min())
-        n = model.width
+        n, v_min, A_rows = _relu_factors(model, x_star)
         b16 = fb.prop4_eq24(d, R, eps, n, v_min, G)
         b17p = fb.prop4_eq25_paper(d, R, eps, n, v_min, A_rows, grad_norm=G)
         b17c = fb.prop4_eq25_corrected(d, R, eps, n, v_min, A_rows, grad_norm=G)
@@ -64,6 +67,15 @@ def _slab_bounds(model, x_star, d, R, eps, G) -> dict[str, float]:
     valid = [b.log_value for b in (b16, b17c) if b.valid]
     return dict(log_bound=min(valid) if valid else nan, log_bound_eq16=_valid(b16),
                 log_bound_eq17_paper=_valid(b17p), log_bound_eq17_corrected=_valid(b17c))
+
+
+def _relu_factors(model, x_star) -> tuple[int, float, list[float]]:
+    """(n, v_min = min_{v_i != 0} |v_i|, A_i of D000-3) of a one-layer ReLU net at x* (Props 4, Cor 2)."""
+    W, v = model.split()
+    s = float(model.phi(model.w, x_star[:-1]) - x_star[-1])
+    active = (W @ x_star[:-1] > 0).double()
+    A_rows = (abs(s) * v.abs() * active * x_star[:-1].norm()).tolist()
+    return model.width, float(v.abs()[v != 0].min()), A_rows
 
 
 def forging_cell(*, model: str, d: int, eps: float, R: float = 1.0, A: float = 1.0, width: int = 8,
@@ -108,7 +120,8 @@ def forging_cell(*, model: str, d: int, eps: float, R: float = 1.0, A: float = 1
 
     sizes = dict(n_samples=int(n_samples), n_repeats=int(n_repeats), p0=float(p0), n_importance=int(n_importance))
     if domain in PROBABILITY_DOMAINS:
-        return _probability_cell(out, mdl, x_star, model, d, eps, R, R2, A, domain, estimator, t0, seed, sizes)
+        return _probability_cell(out, mdl, x_star, model, d, eps, R, R2, A, domain, estimator, t0, seed, sizes,
+                                 G, model_seed, lipschitz_pairs)
     if domain == "slab":
         out["log_ball_volume"] = log_ball_volume(d, R)
         log_ref = linreg_log_region_measure(d, R, G + eps)  # region U sampled by label='sampled'
@@ -134,6 +147,8 @@ def forging_cell(*, model: str, d: int, eps: float, R: float = 1.0, A: float = 1
             b = fb.thm2_global(D, L, r, r, log_ball_volume(D, R), eps) if not batch else \
                 fb.batch_eq47(D, m, B, L, r, r, log_ball_volume(D, R), eps)
             out["log_bound_thm2"] = _valid(b)
+            if not batch:  # Remark 5: Thm 2 with vol(D2) <= diam^D and Stirling, diam D2 = 2R
+                out["log_bound_remark5"] = _valid(fb.remark5_bound(D, L, r, 2 * R, eps))
         problem = ball_problem(mdl.loss, mdl.w, x_star, R) if not batch else \
             batch_problem(mdl.loss, mdl.w, x_star, m, B, R)
     est = _estimate(problem, estimator, eps, seed, sizes)
@@ -155,14 +170,25 @@ def _estimate(problem, estimator: str, eps: float, seed: int, sizes: dict):
 
 
 def _probability_cell(out: dict, mdl, x_star, model: str, d: int, eps: float, R: float, R2: float, A: float,
-                      domain: str, estimator: str, t0: float, seed: int, sizes: dict) -> dict[str, float]:
+                      domain: str, estimator: str, t0: float, seed: int, sizes: dict, G: float,
+                      model_seed: int, lipschitz_pairs: int) -> dict[str, float]:
     """F000-5: log P((z, t) ∈ S_eps) for (z, t) uniform on V = B_R × [-R2, R2] or (z, t) ~ N(0, I).
 
-    Cylinder: Cor 1 bounds (30) and (31)-corrected (linreg; the density is constant on V, so
-    L_g = 0 and there is no tail term), and log_volume = log P + log mu(V) = log mu(S_eps ∩ V).
-    Gaussian: no bound (the paper gives no tail constants (C, ω) for it; P000-14 applies where the
-    hypotheses hold) and log_volume NaN (no reference volume)."""
+    Cylinder: Cor 1 bounds (30) and (31)-corrected (linreg) or Cor 2 corrected (ReLU); the density is
+    constant on V, so L_g = 0 and there is no tail term; log_volume = log P + log mu(V) = log mu(S_eps ∩ V).
+    Thm 3 (T000-8, heuristic constants, spec §6.3) with D2 = V, L_g = 0, C = 0, and for the Gaussian
+    with D2 = B_rho(0) and the exact χ² tail (tasks.forging.bounds.thm3_gaussian, spec §6.9). L is
+    estimated on the ball about 0 containing D2 (cylinder: radius sqrt(R² + R2²); Gaussian: the
+    largest rho), r = nullity at x* (r_min = r_max = r). ReLU nets are not C² (Thm 3 needs A1 with
+    V = ∅; Thm 5 needs ν1 of a K1 that is not built here): NaN. Gaussian: log_volume NaN."""
     out["predicted_exponent"] = float(d) if model in ("linreg", "relu1") else out["thm2_exponent"]
+    D, r = d + 1, int(out["nullity"])
+    zero = torch.zeros(D, dtype=torch.float64)
+    radii = np.linspace(0.05, math.sqrt(D) + 8.0, 200)  # Gaussian: candidate radii of D2 = B_rho(0)
+    L_radius = math.hypot(R, R2) if domain == "cylinder" else float(radii[-1])
+    L = estimate_lipschitz(mdl.loss, mdl.w, zero, L_radius, lipschitz_pairs, torch.Generator().manual_seed(model_seed))
+    out["lipschitz_estimate"] = L
+    smooth = model != "relu1" and L > 0
     if domain == "cylinder":
         problem = cylinder_problem(mdl.loss, mdl.w, x_star, R, R2)
         log_V = log_ball_volume(d, R) + math.log(2 * R2)
@@ -173,9 +199,18 @@ def _probability_cell(out: dict, mdl, x_star, model: str, d: int, eps: float, R:
             out.update(log_probability_bound_cor1_eq30=_valid(b30), log_probability_bound_cor1_eq31_corrected=_valid(b31))
             valid = [v for v in (_valid(b30), _valid(b31)) if math.isfinite(v)]
             out["log_probability_bound"] = min(valid) if valid else math.nan
+        elif model == "relu1":
+            n, v_min, A_rows = _relu_factors(mdl, x_star)
+            out["log_probability_bound"] = _valid(fb.cor2_corrected(d, R, R2, eps, n, v_min, A_rows, grad_norm=G))
+        if smooth:
+            diam_V = 2 * math.hypot(R, R2)
+            out["log_probability_bound_thm3"] = _valid(fb.thm3_probability(D, L, r, r, diam_V, eps))
     else:
         problem = gaussian_problem(mdl.loss, mdl.w, x_star)
         log_V = math.nan
+        if smooth:
+            b, rho = fb.thm3_gaussian(D, L, r, r, eps, radii)
+            out.update(log_probability_bound_thm3=_valid(b), thm3_radius=rho if b.valid else math.nan)
     est = _estimate(problem, estimator, eps, seed, sizes)
     _store_estimate(out, est, log_ref=0.0)
     out["log_volume"] = est.log_volume + log_V

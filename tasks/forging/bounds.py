@@ -27,7 +27,7 @@ __all__ = [
     "prop4_eq24", "prop4_eq25_paper", "prop4_eq25_corrected",
     "cor1_eq30", "cor1_eq31_corrected", "cor2_corrected",
     "lemma2_local_paper", "lemma2_local_corrected",
-    "thm2_global", "remark5_bound", "thm3_probability", "batch_eq47", "thm4_global", "thm5_probability",
+    "thm2_global", "remark5_bound", "thm3_probability", "thm3_gaussian", "batch_eq47", "thm4_global", "thm5_probability",
     "appI_nu1_bound",
 ]
 
@@ -264,9 +264,34 @@ def thm3_probability(d: int, L: float, r_min: int, r_max: int, diam_D2: float, e
     """Thm 3: (8 sqrt(9L/2))^d (¼ sqrt(2/L))^{r_min} e^{L_g diam} Γ(d/2+1)/(2 π^{d/2}) eps^{(d-r_max)/2}
     + C e^{-t0^ω} (§4.2 tail form, spec §6.9)."""
     d, L, eps = _dim("d", d, 1), _pos("L", L), _pos("eps", eps)
+    if not 0 <= r_min <= r_max <= d:
+        raise ValueError(f"need 0 <= r_min <= r_max <= d, got r_min={r_min}, r_max={r_max}, d={d}")
+    if L_g < 0 or C < 0 or t0 < 0 or omega < 0 or diam_D2 < 0:
+        raise ValueError("L_g, C, t0, omega and diam_D2 must be >= 0")
     main = _thm2_core(d, L, r_min, r_max, 0.0, eps) + L_g * diam_D2
     val = main if C == 0 else float(np.logaddexp(main, math.log(C) - t0 ** omega))
     return Bound(val, eps < 1 / (2 * L), "Thm 3 (heuristic)")
+
+
+def thm3_gaussian(D: int, L: float, r_min: int, r_max: int, eps: float,
+                  radii: Sequence[float]) -> tuple[Bound, float]:
+    """Thm 3 for x ~ N(0, I_D) (F000-5, Gaussian half of P000-14): (Bound, radius rho used).
+
+    The paper gives no (C, ω) for the Gaussian; spec §6.9 / T000-8 (resolution): D2 = B_rho(0), so
+    g = ||x||²/2 is rho-Lipschitz on D2 (L_g = rho), diam D2 = 2 rho, t0 = rho, and the proof of Thm 3
+    uses P2 only at t = t0 (P(x ∉ D2) <= C e^{-t0^ω}); that tail is replaced by the exact value it
+    bounds, P(||x|| >= rho) = χ²_D.sf(rho²). Every rho gives a bound; the smallest over ``radii`` is
+    returned. ``L`` must hold on the largest ball (the value grows with L, so one L for all rho is
+    conservative). ``valid``: eps < 1/(2L) (the cover hypothesis never holds: heuristic, §6.3)."""
+    from scipy.stats import chi2
+
+    rho = np.asarray(radii, dtype=float)
+    if rho.size == 0 or np.any(rho <= 0):
+        raise ValueError("radii must be a non-empty list of numbers > 0")
+    main = np.array([thm3_probability(D, L, r_min, r_max, 2 * x, eps, L_g=x).log_value for x in rho])
+    vals = np.logaddexp(main, chi2.logsf(rho * rho, D))
+    i = int(np.argmin(vals))
+    return Bound(float(vals[i]), eps < 1 / (2 * L), "Thm 3 Gaussian (heuristic)"), float(rho[i])
 
 
 def batch_eq47(d: int, m: int, B: int, L: float, r_min: int, r_max: int, log_vol_D2: float, eps: float) -> Bound:
@@ -301,6 +326,8 @@ def appI_nu1_bound(n0: int, n1: int, d: int, R: float, xi: float) -> float:
     """App I Eq 106 (two-layer leaky ReLU, D2 = B_R): ν1 < 2ξ H π^{(d-1)/2} R^{d-1}/Γ((d+1)/2)
     - (H - 1) π^{d/2} ξ^d / Γ(d/2+1), H = n0 + n1 2^{n0} hyperplanes. Returns the bound (not log)."""
     d, R, xi = _dim("d", d, 1), _pos("R", R), _pos("xi", xi)
+    if int(n0) != n0 or n0 < 1 or int(n1) != n1 or n1 < 0:
+        raise ValueError(f"need integer widths n0 >= 1 and n1 >= 0, got n0={n0!r}, n1={n1!r}")
     H = n0 + n1 * 2 ** n0
     return (2 * xi * H * math.pi ** ((d - 1) / 2) * R ** (d - 1) / special.gamma((d + 1) / 2)
             - (H - 1) * math.pi ** (d / 2) * xi ** d / special.gamma(d / 2 + 1))
