@@ -55,7 +55,8 @@ V = {
     "log_volume": Var("log(volume)", "natural log of mu(S_eps ∩ domain) (slab: (d+1)-dim measure, z ∈ B_R, t ∈ R; "
                       "ball/batch: measure in R^{m(d+1)}; cylinder: mu(S_eps ∩ V); gaussian: NaN, see "
                       "log_probability); +inf = unbounded (status 1)"),
-    "log_volume_stderr": Var("1", "standard error of log_volume (delta method; subset simulation: CV over runs)"),
+    "log_volume_stderr": Var("1", "standard error of log_volume (delta method; repeated estimators: spread of the runs, "
+                             "subset simulation floored by the Au-Beck within-run CoV, times sqrt((R-1)/(R-3)))"),
     "log_volume_exact": Var("log(volume)", "exact T000-2x value (linreg, slab); NaN otherwise"),
     "log_probability": Var("log(probability)", "log of the forging probability under the uniform law on the "
                            "reference region (slab: {||z||<R, |s| ||z|| <= A+eps}; ball: D2^m; cylinder: B_R × [-R2, R2]) or "
