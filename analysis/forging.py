@@ -4,7 +4,9 @@ paper's Fig 1 (F000-1) is the ``forging_sgd`` experiment, drawn by analysis/forg
 F000-3: log mu vs log eps, one line per d, points ± 1.96 SE for estimators, solid exact curve where
 stored, dashed bounds ((16), (17)-paper, (17)-corrected), slope fitted at report time over the
 smallest third of eps (at least 2 points) printed in the legend beside the predicted exponent.
-Everything is drawn from the dataset; no numbers are hard-coded.
+Everything is drawn from the dataset; no numbers are hard-coded. An estimate its estimator flagged
+unreliable is stored as NaN (status 3, ``reliable`` = 0, raw value in ``log_volume_unreliable``,
+which is never read here), so the seed means skip it; the panel's note counts them.
 """
 
 from __future__ import annotations
@@ -151,6 +153,11 @@ def figures(ds: xr.Dataset, out_dir: pathlib.Path, prefix: str = "") -> list[pat
         note = ", ".join(f"{k}={v}" for k, v in sel.items())
         if n < tot:
             note += f" ({n}/{tot} cells done)"
+        if "reliable" in ds:  # flagged estimates are NaN in log_volume (status 3): say how many are left out
+            flagged = ds["reliable"].where(ds.done).sel(sel) if sel else ds["reliable"].where(ds.done)
+            n_bad = int((flagged == 0).sum())
+            if n_bad:
+                note += f" ({n_bad} estimates flagged unreliable left out)"
         name = "_".join(f"{k}-{v}" for k, v in sel.items()) or "all"
         paths.append(_volume_panel(ds, sel, out_dir / f"{prefix}forging_volume_{name}.png", note))
     return paths

@@ -71,3 +71,29 @@ def write_config(tmp_path):
         return p
 
     return _write
+
+
+# --- paper 000 (forging) helpers, shared by tests/test_forging_*.py -------------------------------
+
+@pytest.fixture
+def torch_gen():
+    """``torch_gen(seed)`` -> a fresh ``torch.Generator`` seeded with ``seed``."""
+    import torch
+
+    return lambda seed: torch.Generator().manual_seed(seed)
+
+
+@pytest.fixture
+def linreg():
+    """``linreg(d, A=1.0, seed=0)`` -> (model, x*): linear regression with w, x* ~ N(0, I) from ``seed``
+    and y* set so that ||∇_w f(w; x*)|| = A (spec 000 §4 defaults)."""
+    import torch
+
+    from tasks.forging.models import make_model, make_target
+
+    def _linreg(d: int, A: float = 1.0, seed: int = 0):
+        gen = torch.Generator().manual_seed(seed)
+        model = make_model("linreg", d, 0, gen)
+        return model, make_target(model, A, gen)
+
+    return _linreg

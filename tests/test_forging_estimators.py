@@ -16,41 +16,31 @@ from tasks.forging.estimators import naive_mc, naive_mc_samples_for, subset_simu
 from tasks.forging.problems import cylinder_problem, slab_problem
 from tasks.forging.slopes import fit_log_slope
 from tasks.forging.exact import linreg_log_region_measure, linreg_log_volume, log_ball_volume
-from tasks.forging.models import make_model, make_target
+from tasks.forging.models import make_model
 from tasks.forging.estimators import ESTIMATORS
 
 
-def _linreg(d, A=1.0, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    model = make_model("linreg", d, 0, gen)
-    return model, make_target(model, A, gen)
-
-
-def _gen(seed):
-    return torch.Generator().manual_seed(seed)
-
-
+@pytest.mark.parametrize("label,n", [("sampled", 400_000), ("integrated", 200_000)])
 @pytest.mark.parametrize("d,eps", [(2, 0.3), (2, 2.0), (3, 0.3), (3, 2.0)])
-def test_P000_2_naive_mc_matches_exact(d, eps):
+def test_P000_2_naive_mc_matches_exact(d, eps, label, n, linreg, torch_gen):
     """P000-2: naive MC with the label sampled (uniform on U, real-gradient membership) and the
     Rao-Blackwellised MC (label integrated) agree with T000-2x within 3 SE (MC has many hits)."""
-    model, xs = _linreg(d)
+    model, xs = linreg(d)
     exact = linreg_log_volume(d, eps, 1.0)
-    for label, n in (("sampled", 400_000), ("integrated", 200_000)):
-        est = naive_mc(slab_problem(model, xs, 1.0, label, eps_max=eps), eps, generator=_gen(d), n_samples=n)
-        assert est.n_hits > 1000
-        assert abs(est.log_volume - exact) < 3 * est.log_volume_stderr, (label, est, exact)
-        assert est.log_volume_stderr < 0.02
+    est = naive_mc(slab_problem(model, xs, 1.0, label, eps_max=eps), eps, generator=torch_gen(d), n_samples=n)
+    assert est.n_hits > 1000
+    assert abs(est.log_volume - exact) < 3 * est.log_volume_stderr, (label, est, exact)
+    assert est.log_volume_stderr < 0.02
 
 
 @pytest.mark.parametrize("d,eps,factor", [(10, 0.3, 0.2), (6, 0.01, 0.5), (10, 0.01, 1.0)])
-def test_P000_13_subset_simulation_matches_exact(d, eps, factor):
+def test_P000_13_subset_simulation_matches_exact(d, eps, factor, linreg, torch_gen):
     """P000-13: subset simulation (10 repetitions) vs exact within 3 stated SE and within 20% (1e-6),
     50% (d=6, probability ~1e-12) and a factor 2 (mu = 5.7e-21), with the gradient-evaluation count."""
-    model, xs = _linreg(d)
+    model, xs = linreg(d)
     exact = linreg_log_volume(d, eps, 1.0)
     log_p = exact - linreg_log_region_measure(d, 1.0, 1.0 + eps)
-    est = subset_simulation(slab_problem(model, xs, 1.0, "integrated"), eps, generator=_gen(1), n_samples=2000)
+    est = subset_simulation(slab_problem(model, xs, 1.0, "integrated"), eps, generator=torch_gen(1), n_samples=2000)
     assert est.log_volume_stderr > 0 and abs(est.log_volume - exact) < 3 * est.log_volume_stderr
     assert abs(math.expm1(est.log_volume - exact)) < factor if factor < 1 else abs(est.log_volume - exact) < math.log(2)
     assert 0 < est.n_gradient_evals <= 1e7
@@ -58,95 +48,138 @@ def test_P000_13_subset_simulation_matches_exact(d, eps, factor):
         assert log_p < math.log(1e-11)  # the test really goes down to probability ~1e-12
 
 
-def test_subset_simulation_literal_membership_1e12():
+def test_subset_simulation_literal_membership_1e12(linreg, torch_gen):
     """Subset simulation on the label-sampled law (membership tested with ∇_w f(w; (z, t)) itself)
     at forging probability ~1e-12 (d = 6, eps = 0.01): within 3 SE of exact."""
-    model, xs = _linreg(6)
+    model, xs = linreg(6)
     exact = linreg_log_volume(6, 0.01, 1.0)
-    est = subset_simulation(slab_problem(model, xs, 1.0, "sampled", eps_max=0.01), 0.01, generator=_gen(2),
+    est = subset_simulation(slab_problem(model, xs, 1.0, "sampled", eps_max=0.01), 0.01, generator=torch_gen(2),
                             n_samples=2000)
     assert est.log_probability < math.log(1e-11)
     assert abs(est.log_volume - exact) < 3 * est.log_volume_stderr
 
 
-def test_P000_13_benchmark_setting_1e12_within_3se():
+def test_P000_13_benchmark_setting_1e12_within_3se(linreg, torch_gen):
     """P000-13 at the benchmark's setting (d = 10, forging probability p = 1e-12 of
     benchmarks/forging_rare_event.py): subset simulation within 3 stated SE of T000-2x, <= 2e5 evaluations."""
     eps = 0.0800274368382336  # eps_for_probability(10, 1, 1, 1e-12), recomputed below
-    model, xs = _linreg(10)
+    model, xs = linreg(10)
     exact = linreg_log_volume(10, eps, 1.0)
     assert exact - linreg_log_region_measure(10, 1.0, 1.0 + eps) == pytest.approx(math.log(1e-12), abs=1e-6)
-    est = subset_simulation(slab_problem(model, xs, 1.0, "integrated"), eps, generator=_gen(11), n_samples=1000)
+    est = subset_simulation(slab_problem(model, xs, 1.0, "integrated"), eps, generator=torch_gen(11), n_samples=1000)
     assert 0 < est.log_volume_stderr < 0.5
     assert abs(est.log_volume - exact) < 3 * est.log_volume_stderr
     assert est.n_gradient_evals <= 2e5
 
 
-def test_P000_13_stated_se_is_calibrated_over_seeds():
-    """The stated SE (CV over 10 repetitions, spec §5) covers the true error as an SE should: over 8
-    seeds at d = 10, eps = 0.3 (mu = 3.4656e-6), >= 6 within 2 SE, all within 3.5 SE, and the RMS of
-    error/SE in [0.4, 1.8] (neither grossly under- nor over-stated)."""
-    model, xs = _linreg(10)
-    exact = linreg_log_volume(10, 0.3, 1.0)
+CAL_D, CAL_EPS, CAL_N, CAL_SEEDS = 5, 0.01, 500, 50  # forging probability 2.0e-11
+
+
+@pytest.mark.slow
+def test_P000_13_stated_se_is_calibrated_over_seeds(linreg, torch_gen):
+    """The stated SE (spec §5, CV over 10 repetitions, floored by the Au-Beck within-run CoV, Student-t
+    factor) is calibrated: over 50 independent seeds at d = 5, eps = 0.01 (p = 2.0e-11, N = 500, ~30 s)
+    the errors z = (estimate - exact)/SE have mean z² < 1.5, at most 5 of 50 (10 %) beyond 2 SE and
+    mean |z| < 0.95 (measured 1.13, 4/50, 0.85; before the fix of issue 11 item 13: 2.57, 7/50).
+
+    Design (z ~ N(0, s²) i.i.d.; 50·mean z²/s² is chi-square with 50 dof; Monte Carlo for the joint
+    rule): a correct SE (s = 1) fails with probability 5.6 % (mean z² alone: P(chi²_50 > 75) = 1.3 %);
+    an SE understated 1.3× (s = 1.3, mean z² 1.69) passes with probability 17.5 % (mean z² alone:
+    P(chi²_50 < 44.4) = 30 %). Fifty seeds cannot separate 1 from 1.3 better than that; the seeds are
+    fixed, so the outcome is deterministic and the probabilities describe how the rule was chosen."""
+    model, xs = linreg(CAL_D)
+    exact = linreg_log_volume(CAL_D, CAL_EPS, 1.0)
+    assert exact - linreg_log_region_measure(CAL_D, 1.0, 1.0 + CAL_EPS) == pytest.approx(math.log(2.0e-11), abs=0.05)
     problem = slab_problem(model, xs, 1.0, "integrated")
     z = np.array([(e.log_volume - exact) / e.log_volume_stderr for e in
-                  (subset_simulation(problem, 0.3, generator=_gen(100 + s), n_samples=1000) for s in range(8))])
-    assert np.sum(np.abs(z) <= 2) >= 6 and np.all(np.abs(z) <= 3.5), z
-    assert 0.4 <= np.sqrt(np.mean(z * z)) <= 1.8, z
+                  (subset_simulation(problem, CAL_EPS, generator=torch_gen(1000 + s), n_samples=CAL_N)
+                   for s in range(CAL_SEEDS))])
+    assert np.mean(z * z) < 1.5, z
+    assert np.sum(np.abs(z) > 2) <= 0.1 * CAL_SEEDS, z
+    assert np.mean(np.abs(z)) < 0.95, z
 
 
-def test_naive_mc_cost_is_analytic_binomial():
+def test_subset_simulation_stated_se_parts(linreg, torch_gen):
+    """The stated SE = max(spread of the runs, Au-Beck within-run CoV) · sqrt((R-1)/(R-3)); every live
+    run's Au-Beck δ² is positive and finite."""
+    model, xs = linreg(3)
+    est = subset_simulation(slab_problem(model, xs, 1.0, "integrated"), 0.01, generator=torch_gen(9), n_samples=500)
+    x = est.extra
+    assert all(0 < d2 < math.inf for d2 in x["cov2_au_beck"])
+    assert est.log_volume_stderr == pytest.approx(max(x["stderr_spread"], x["stderr_within"]) * math.sqrt(9 / 7))
+
+
+def test_systematic_resampling_keeps_every_survivor():
+    """Seeds for the next level: every survivor is chosen when there are at most p0·N of them (spec §6.6:
+    no cap dropped by the luck of a multinomial draw); copies are balanced (floor or ceil)."""
+    from tasks.forging.estimators.subset_simulation import _systematic
+
+    gen = torch.Generator().manual_seed(0)
+    surv = torch.rand(200, 100, generator=gen) < 0.07
+    surv[:, 3] = True
+    sel = _systematic(surv, 10, gen)
+    assert bool(torch.gather(surv, 1, sel).all())
+    counts = torch.zeros(surv.shape, dtype=torch.long).scatter_add_(1, sel, torch.ones_like(sel))
+    cmin = torch.where(surv, counts, 10**6).min(1).values
+    cmax = torch.where(surv, counts, -1).max(1).values
+    few = surv.sum(1) <= 10
+    assert few.any() and (~few).any()
+    assert bool((cmin[few] >= 1).all()) and bool((cmax - cmin)[few].le(1).all())
+    assert bool(cmax[~few].le(1).all())  # more survivors than seeds: distinct ones
+
+
+def test_naive_mc_cost_is_analytic_binomial(linreg, torch_gen):
     """The benchmark's naive-MC cost (1-p)/(p·rel²) inverts naive MC's own stated SE: on the
     label-sampled linreg slab (W an indicator) n samples give relative SE rel with n = (1-p)/(p·rel²)
     to within 2%; undefined inputs give NaN."""
     assert naive_mc_samples_for(1e-30, 0.1) == pytest.approx(1e32)
     assert math.isnan(naive_mc_samples_for(1e-6, math.nan)) and math.isnan(naive_mc_samples_for(0.0, 0.1))
-    model, xs = _linreg(3)
-    est = naive_mc(slab_problem(model, xs, 1.0, "sampled", eps_max=0.3), 0.3, generator=_gen(8), n_samples=50_000)
+    model, xs = linreg(3)
+    est = naive_mc(slab_problem(model, xs, 1.0, "sampled", eps_max=0.3), 0.3, generator=torch_gen(8), n_samples=50_000)
     p_hat = math.exp(est.log_probability)
     assert 1e-3 < p_hat < 0.5
     assert naive_mc_samples_for(p_hat, est.log_volume_stderr) == pytest.approx(50_000, rel=0.02)
 
 
-def test_P000_5_estimated_slope_is_d():
+def test_P000_5_estimated_slope_is_d(linreg, torch_gen):
     """P000-5 (estimators): fitted small-eps slope of subset-simulation log volumes ≈ d within 5%."""
     d = 3
-    model, xs = _linreg(d)
+    model, xs = linreg(d)
     problem = slab_problem(model, xs, 1.0, "integrated")
     eps = np.array([1e-3, 3e-3, 1e-2])
-    logv = [subset_simulation(problem, float(e), generator=_gen(i), n_samples=2000).log_volume
+    logv = [subset_simulation(problem, float(e), generator=torch_gen(i), n_samples=2000).log_volume
             for i, e in enumerate(eps)]
     slope, _, _ = fit_log_slope(eps, np.array(logv))
     assert slope == pytest.approx(d, rel=0.05)
 
 
-def test_P000_6_R_scaling_estimated():
+def test_P000_6_R_scaling_estimated(linreg, torch_gen):
     """P000-6 (estimators): mu/R^{d-1} at R = 1 and R = 2.5 agree within 4 SE (RB MC)."""
-    model, xs = _linreg(3)
+    model, xs = linreg(3)
     vals = []
     for R in (1.0, 2.5):
-        e = naive_mc(slab_problem(model, xs, R, "integrated"), 0.2, generator=_gen(3), n_samples=200_000)
+        e = naive_mc(slab_problem(model, xs, R, "integrated"), 0.2, generator=torch_gen(3), n_samples=200_000)
         vals.append((e.log_volume - 2 * math.log(R), e.log_volume_stderr))
     assert abs(vals[0][0] - vals[1][0]) < 4 * math.hypot(vals[0][1], vals[1][1])
 
 
+@pytest.mark.parametrize("est,label,n", [("naive_mc", "sampled", 100_000), ("subset_simulation", "integrated", 1000)])
+@pytest.mark.parametrize("eps", [0.02, 0.1, 0.5])
+@pytest.mark.parametrize("d", [2, 3])
 @pytest.mark.parametrize("model_name,width", [("linreg", 0), ("relu1", 2), ("relu1", 8)])
-def test_measured_volumes_below_paper_bounds(model_name, width):
+def test_measured_volumes_below_paper_bounds(model_name, width, d, eps, est, label, n):
     """F000-3/F000-4, P000-3/4/10: every measured volume (SS and MC) is below Prop 2 (16)/(17)-corrected
-    (linreg) or Prop 4 (24)/(25)-corrected (ReLU) whenever their hypotheses hold (eps < ||∇f(x*)||)."""
-    checked = 0
-    for d in (2, 3):
-        for eps in (0.02, 0.1, 0.5):
-            for est, label in (("naive_mc", "sampled"), ("subset_simulation", "integrated")):
-                out = forging_cell(model=model_name, d=d, eps=eps, width=width, estimator=est, label=label,
-                                   n_samples=100_000 if est == "naive_mc" else 1000, seed=4)
-                if not np.isfinite(out["log_volume"]):
-                    continue
-                for key in ("log_bound_eq16", "log_bound_eq17_corrected", "log_bound"):
-                    if np.isfinite(out[key]):
-                        assert out["log_volume"] - 3 * out["log_volume_stderr"] <= out[key], (d, eps, est, key)
-                        checked += 1
-    assert checked >= 20
+    (linreg) or Prop 4 (24)/(25)-corrected (ReLU) whenever their hypotheses hold (eps < ||∇f(x*)||);
+    a volume that is not finite is the reported ReLU unbounded case (status 1) or naive MC without a
+    hit (-inf, nothing to compare), not a failure."""
+    out = forging_cell(model=model_name, d=d, eps=eps, width=width, estimator=est, label=label, n_samples=n, seed=4)
+    if not np.isfinite(out["log_volume"]):
+        assert (out["log_volume"] == math.inf and out["status"] == 1.0) or \
+            (out["log_volume"] == -math.inf and est == "naive_mc" and out["n_hits"] == 0), out
+        return
+    bounds = [out[key] for key in ("log_bound_eq16", "log_bound_eq17_corrected", "log_bound") if np.isfinite(out[key])]
+    assert bounds, out  # the comparison is not vacuous
+    assert out["log_volume"] - 3 * out["log_volume_stderr"] <= min(bounds)
 
 
 def test_P000_10_relu_unbounded_and_nullity():
@@ -159,57 +192,62 @@ def test_P000_10_relu_unbounded_and_nullity():
     assert ok["nullity"] >= 1
 
 
-def test_P000_8_general_smooth_slopes():
+@pytest.mark.parametrize("model_name,d", [("linreg", 2), ("tanh1", 2)])
+def test_P000_8_general_smooth_slopes(model_name, d):
     """P000-8: on D2 = B_R(x*) ⊂ R^{d+1}, the fitted small-eps slope is >= (D - r)/2 (Thm 2) and,
     for linreg and a tanh net, ≈ D - r within 10% (tube around the exact-forging set)."""
-    for model_name, d in (("linreg", 2), ("tanh1", 2)):
-        eps = np.array([1e-4, 3e-4, 1e-3, 3e-3, 1e-2])
-        outs = [forging_cell(model=model_name, d=d, width=3, eps=float(e), domain="ball", estimator="subset_simulation",
-                             n_samples=2000, seed=5 + i) for i, e in enumerate(eps)]
-        slope, _, _ = fit_log_slope(eps, np.array([o["log_volume"] for o in outs]))
-        r = outs[0]["nullity"]
-        assert slope >= outs[0]["thm2_exponent"] == (d + 1 - r) / 2
-        assert slope == pytest.approx(outs[0]["tube_exponent"], rel=0.1), (model_name, slope, r)
+    eps = np.array([1e-4, 3e-4, 1e-3, 3e-3, 1e-2])
+    outs = [forging_cell(model=model_name, d=d, width=3, eps=float(e), domain="ball", estimator="subset_simulation",
+                         n_samples=2000, seed=5 + i) for i, e in enumerate(eps)]
+    slope, _, _ = fit_log_slope(eps, np.array([o["log_volume"] for o in outs]))
+    r = outs[0]["nullity"]
+    assert slope >= outs[0]["thm2_exponent"] == (d + 1 - r) / 2
+    assert slope == pytest.approx(outs[0]["tube_exponent"], rel=0.1), (model_name, slope, r)
 
 
-def test_P000_14_probability_bound_uniform_cylinder():
+@pytest.mark.parametrize("eps", [0.1, 0.3])
+@pytest.mark.parametrize("d", [2, 3])
+def test_P000_14_probability_bound_uniform_cylinder(d, eps, linreg, torch_gen):
     """P000-14 / F000-5: P((z, t) ∈ S_eps) under the uniform law on B_2 × [-4, 4] (L_g = 0, no tail)
     (estimated by subset simulation) is below Cor 1 (30) and, when valid, (31)-corrected."""
-    for d in (2, 3):
-        model, xs = _linreg(d)
-        prob = cylinder_problem(model.loss, model.w, xs, 2.0, 4.0)
-        for eps in (0.1, 0.3):
-            est = subset_simulation(prob, eps, generator=_gen(6), n_samples=1000)
-            assert est.n_hits > 0 and est.log_volume > -40
-            b30 = fb.cor1_eq30(d, 2.0, 4.0, eps)
-            b31 = fb.cor1_eq31_corrected(d, 2.0, 4.0, eps, 1.0)
-            assert est.log_volume <= b30.log_value and (not b31.valid or est.log_volume <= b31.log_value)
+    model, xs = linreg(d)
+    prob = cylinder_problem(model.loss, model.w, xs, 2.0, 4.0)
+    est = subset_simulation(prob, eps, generator=torch_gen(6), n_samples=1000)
+    assert est.n_hits > 0 and est.log_volume > -40
+    b30 = fb.cor1_eq30(d, 2.0, 4.0, eps)
+    b31 = fb.cor1_eq31_corrected(d, 2.0, 4.0, eps, 1.0)
+    assert est.log_volume <= b30.log_value and (not b31.valid or est.log_volume <= b31.log_value)
 
 
-def test_naive_mc_zero_hits_reports_upper_bound():
+def test_naive_mc_zero_hits_reports_upper_bound(linreg, torch_gen):
     """Naive MC at a tiny probability sees no hits: -inf with a rule-of-three upper bound (F000-5 marks)."""
-    model, xs = _linreg(10)
-    est = naive_mc(slab_problem(model, xs, 1.0, "sampled", eps_max=0.01), 0.01, generator=_gen(7), n_samples=10_000)
+    model, xs = linreg(10)
+    est = naive_mc(slab_problem(model, xs, 1.0, "sampled", eps_max=0.01), 0.01, generator=torch_gen(7), n_samples=10_000)
     assert est.n_hits == 0 and est.log_volume == -math.inf
     assert est.extra["log_upper95"] > linreg_log_volume(10, 0.01, 1.0)
 
 
-def test_estimators_registry_and_bad_inputs():
-    """ESTIMATORS share one signature; bad eps / n_samples / p0 / R / d raise ValueError naming the argument."""
-    assert set(ESTIMATORS) >= {"naive_mc", "subset_simulation"}
-    model, xs = _linreg(3)
+@pytest.mark.parametrize("eps", [0.0, 0.5])  # 0.5: beyond eps_max of the label range
+@pytest.mark.parametrize("name", sorted(ESTIMATORS))
+def test_estimators_reject_bad_eps(name, eps, linreg, torch_gen):
+    """ESTIMATORS share one signature; eps <= 0 or beyond the problem's eps_max raises ValueError naming eps."""
+    model, xs = linreg(3)
     problem = slab_problem(model, xs, 1.0, "sampled", eps_max=0.1)
-    for name, fn in ESTIMATORS.items():
-        with pytest.raises(ValueError, match="eps"):
-            fn(problem, 0.0, generator=_gen(0), n_samples=1000)
-        with pytest.raises(ValueError, match="eps"):
-            fn(problem, 0.5, generator=_gen(0), n_samples=1000)  # beyond eps_max of the label range
+    with pytest.raises(ValueError, match="eps"):
+        ESTIMATORS[name](problem, eps, generator=torch_gen(0), n_samples=1000)
+
+
+def test_estimators_registry_and_bad_inputs(linreg, torch_gen):
+    """Bad n_samples / p0 / R / d raise ValueError naming the argument."""
+    assert set(ESTIMATORS) >= {"naive_mc", "subset_simulation"}
+    model, xs = linreg(3)
+    problem = slab_problem(model, xs, 1.0, "sampled", eps_max=0.1)
     with pytest.raises(ValueError, match="p0"):
-        subset_simulation(problem, 0.05, generator=_gen(0), n_samples=1000, p0=1.5)
+        subset_simulation(problem, 0.05, generator=torch_gen(0), n_samples=1000, p0=1.5)
     with pytest.raises(ValueError, match="n_samples"):
-        naive_mc(problem, 0.05, generator=_gen(0), n_samples=1)
+        naive_mc(problem, 0.05, generator=torch_gen(0), n_samples=1)
     with pytest.raises(ValueError, match="R must"):
         slab_problem(model, xs, 0.0)
     with pytest.raises(ValueError, match="d must"):
-        slab_problem(make_model("linreg", 1, 0, _gen(0)), torch.zeros(2, dtype=torch.float64), 1.0)
+        slab_problem(make_model("linreg", 1, 0, torch_gen(0)), torch.zeros(2, dtype=torch.float64), 1.0)
     assert log_ball_volume(3) == pytest.approx(math.log(4 * math.pi / 3))

@@ -16,20 +16,19 @@ from tasks.forging.exact import linreg_log_region_measure, linreg_log_volume
 from tasks.forging.estimators.importance import fit_proposal, pareto_khat, subset_importance
 from tasks.forging.models import make_model, make_target
 from tasks.forging.estimators import ESTIMATORS
-from tests.test_forging_estimators import _gen, _linreg
 
 EPS_1E12 = 0.0800274368382336  # d = 10, A = R = 1: forging probability 1e-12 (benchmark setting)
 EPS_1E30 = 0.0012590837564593613  # probability 1e-30
 
 
 @pytest.mark.parametrize("eps,p", [(EPS_1E12, 1e-12), (EPS_1E30, 1e-30)])
-def test_P000_13_subset_importance_matches_exact(eps, p):
+def test_P000_13_subset_importance_matches_exact(eps, p, linreg, torch_gen):
     """P000-13: at forging probability 1e-12 and 1e-30 (d = 10) the estimate is within 3 stated SE of
     T000-2x, the SE is below 2 % and the budget stays under 1e6 gradient evaluations."""
-    model, xs = _linreg(10)
+    model, xs = linreg(10)
     exact = linreg_log_volume(10, eps, 1.0)
     assert exact - linreg_log_region_measure(10, 1.0, 1.0 + eps) == pytest.approx(math.log(p), abs=1e-6)
-    est = subset_importance(slab_problem(model, xs, 1.0, "integrated"), eps, generator=_gen(3), n_samples=500,
+    est = subset_importance(slab_problem(model, xs, 1.0, "integrated"), eps, generator=torch_gen(3), n_samples=500,
                             n_importance=100_000)
     assert 0 < est.log_volume_stderr < 0.02
     assert abs(est.log_volume - exact) < 3 * est.log_volume_stderr, (est, exact)
@@ -37,34 +36,34 @@ def test_P000_13_subset_importance_matches_exact(eps, p):
     assert est.extra["reliable"] and est.extra["n_components"] >= 2  # both antipodal caps (spec §6 item 6)
 
 
-def test_subset_importance_stated_se_is_calibrated():
+def test_subset_importance_stated_se_is_calibrated(linreg, torch_gen):
     """Over 8 independent seeds at p = 1e-12 the errors in units of the stated SE look standard normal:
     every |z| < 3.5 and mean z² < 3 (an SE that is too small, the failure of light-tailed fits, fails this)."""
-    model, xs = _linreg(10)
+    model, xs = linreg(10)
     exact = linreg_log_volume(10, EPS_1E12, 1.0)
     problem = slab_problem(model, xs, 1.0, "integrated")
     z = np.array([(e.log_volume - exact) / e.log_volume_stderr for e in
-                  (subset_importance(problem, EPS_1E12, generator=_gen(20 + s), n_samples=500, n_importance=20_000)
+                  (subset_importance(problem, EPS_1E12, generator=torch_gen(20 + s), n_samples=500, n_importance=20_000)
                    for s in range(8))])
     assert np.all(np.abs(z) < 3.5), z
     assert np.mean(z ** 2) < 3.0, z
 
 
-def test_subset_importance_literal_membership_1e12():
+def test_subset_importance_literal_membership_1e12(linreg, torch_gen):
     """Label sampled (membership by the real gradient ∇_w f(w; (z, t)), 2 evaluations per point) at
     probability ~1e-12 (d = 6, eps = 0.01): within 3 SE of exact."""
-    model, xs = _linreg(6)
+    model, xs = linreg(6)
     exact = linreg_log_volume(6, 0.01, 1.0)
-    est = subset_importance(slab_problem(model, xs, 1.0, "sampled", eps_max=0.01), 0.01, generator=_gen(4),
+    est = subset_importance(slab_problem(model, xs, 1.0, "sampled", eps_max=0.01), 0.01, generator=torch_gen(4),
                             n_samples=500, n_importance=60_000)
     assert est.log_probability < math.log(1e-11)
     assert abs(est.log_volume - exact) < 3 * est.log_volume_stderr, (est, exact)
 
 
-def test_proposal_density_is_normalised():
+def test_proposal_density_is_normalised(torch_gen):
     """The proposal's density (gnomonic Student-t charts + Jacobian + defensive part) is a density:
     E_q[nominal/q] = 1 within 4 SE, for a fit to samples on two antipodal caps plus a free latent."""
-    gen = _gen(5)
+    gen = torch_gen(5)
     k = 7
     e = torch.zeros(6, dtype=torch.float64)
     e[0] = 1.0
@@ -88,28 +87,47 @@ def test_pareto_khat_recovers_tail_shape():
     assert math.isnan(pareto_khat(np.array([1.0, 2.0, 0.0])))
 
 
-def test_subset_importance_agrees_with_subset_simulation_on_relu_ball():
+def test_subset_importance_agrees_with_subset_simulation_on_relu_ball(torch_gen):
     """A one-hidden-layer ReLU net on the ball domain (no exact answer): the two estimators agree
     within 3 combined SE (extra['z_vs_subset_simulation'])."""
-    gen = _gen(0)
+    gen = torch_gen(0)
     model = make_model("relu1", 3, 4, gen)
     xs = make_target(model, 1.0, gen)
     problem = ball_problem(model.loss, model.w, xs, 1.0)
-    est = subset_importance(problem, 0.3, generator=_gen(6), n_samples=500, n_importance=40_000)
+    est = subset_importance(problem, 0.3, generator=torch_gen(6), n_samples=500, n_importance=40_000)
     assert math.isfinite(est.log_volume) and est.log_volume_stderr > 0
     assert abs(est.extra["z_vs_subset_simulation"]) < 3, est.extra
-    ss = subset_simulation(problem, 0.3, generator=_gen(7), n_samples=1000)
+    ss = subset_simulation(problem, 0.3, generator=torch_gen(7), n_samples=1000)
     assert abs(est.log_volume - ss.log_volume) < 3 * math.hypot(est.log_volume_stderr, ss.log_volume_stderr)
 
 
-def test_subset_importance_registered_and_bad_inputs():
+def test_subset_importance_registered_and_bad_inputs(linreg, torch_gen):
     """Registered under its name; bad eps, n_importance or alpha raise ValueError naming the argument."""
     assert ESTIMATORS["subset_importance"] is subset_importance
-    model, xs = _linreg(3)
+    model, xs = linreg(3)
     problem = slab_problem(model, xs, 1.0, "integrated")
     with pytest.raises(ValueError, match="eps"):
-        subset_importance(problem, -1.0, generator=_gen(0))
+        subset_importance(problem, -1.0, generator=torch_gen(0))
     with pytest.raises(ValueError, match="n_importance"):
-        subset_importance(problem, 0.1, generator=_gen(0), n_importance=10)
+        subset_importance(problem, 0.1, generator=torch_gen(0), n_importance=10)
     with pytest.raises(ValueError, match="alpha"):
-        subset_importance(problem, 0.1, generator=_gen(0), alpha=1.0)
+        subset_importance(problem, 0.1, generator=torch_gen(0), alpha=1.0)
+
+
+@pytest.mark.parametrize("reliable", [True, False])
+def test_cell_keeps_unreliable_estimates_out(reliable):
+    """An estimate flagged unreliable (Pareto k̂ > 0.7) is stored with status 3, reliable = 0 and NaN
+    log_volume / stderr / log_probability, its raw value in log_volume_unreliable (so seed means in
+    analysis/forging.py never average it in); a reliable one is stored as it is."""
+    from tasks.cells.forging import OUTPUTS, STATUS_UNRELIABLE, _store_estimate
+    from tasks.forging.estimators import VolumeEstimate
+
+    est = VolumeEstimate("subset_importance", -50.0, 0.01, 1000, 10, -52.0, {"reliable": reliable, "pareto_khat": 0.9})
+    out = dict.fromkeys(OUTPUTS, math.nan)
+    _store_estimate(out, est, log_ref=2.0)
+    if reliable:
+        assert out["log_volume"] == -50.0 and out["log_probability"] == -52.0 and out["reliable"] == 1.0
+        assert out["status"] == 0.0 and math.isnan(out["log_volume_unreliable"])
+    else:
+        assert math.isnan(out["log_volume"]) and math.isnan(out["log_volume_stderr"]) and math.isnan(out["log_probability"])
+        assert out["status"] == STATUS_UNRELIABLE and out["reliable"] == 0.0 and out["log_volume_unreliable"] == -50.0

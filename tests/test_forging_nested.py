@@ -14,30 +14,29 @@ from tasks.forging.problems import ForgingProblem, slab_problem
 from tasks.forging.exact import linreg_log_region_measure, linreg_log_volume
 from tasks.forging.estimators.nested import nested_sampling
 from tasks.forging.estimators import ESTIMATORS
-from tests.test_forging_estimators import _gen, _linreg
 
 D5_EPS = 0.01  # d = 5, A = R = 1: forging probability 2.0e-11
 
 
-def test_P000_13_nested_sampling_matches_exact_at_1e11():
+def test_P000_13_nested_sampling_matches_exact_at_1e11(linreg, torch_gen):
     """P000-13: at probability ~1e-11 the estimate is within 3 stated SE and 15 % of T000-2x; the
     repetition SE is within a factor 3 of the nested-sampling log-error √(c·H/N)."""
-    model, xs = _linreg(5)
+    model, xs = linreg(5)
     exact = linreg_log_volume(5, D5_EPS, 1.0)
     assert exact - linreg_log_region_measure(5, 1.0, 1.0 + D5_EPS) < math.log(1e-10)
-    est = nested_sampling(slab_problem(model, xs, 1.0, "integrated"), D5_EPS, generator=_gen(5), n_samples=500)
+    est = nested_sampling(slab_problem(model, xs, 1.0, "integrated"), D5_EPS, generator=torch_gen(5), n_samples=500)
     assert abs(est.log_volume - exact) < 3 * est.log_volume_stderr, (est.log_volume, exact, est.log_volume_stderr)
     assert abs(math.expm1(est.log_volume - exact)) < 0.15
     assert 1 / 3 < est.log_volume_stderr / est.extra["stderr_analytic"] < 3
     assert ESTIMATORS["nested_sampling"] is nested_sampling
 
 
-def test_nested_sampling_whole_curve_from_one_run():
+def test_nested_sampling_whole_curve_from_one_run(linreg, torch_gen):
     """One run returns log mu(eps') at every level it passed (spec §6 item 5(b)): each curve point is
     within 4 single-run log-errors √(c·H/N) (+0.02) of exact, from eps' ~ 1 down to the target."""
-    model, xs = _linreg(5)
+    model, xs = linreg(5)
     problem = slab_problem(model, xs, 1.0, "integrated")
-    est = nested_sampling(problem, D5_EPS, generator=_gen(6), n_samples=1000)
+    est = nested_sampling(problem, D5_EPS, generator=torch_gen(6), n_samples=1000)
     ce, cl = np.array(est.extra["curve_eps"]), np.array(est.extra["curve_log_volume"])
     assert len(ce) > 100 and np.all(np.diff(ce) <= 0) and ce[-1] < 2 * D5_EPS and ce[0] > 0.5
     exact = np.array([linreg_log_volume(5, e, 1.0) for e in ce])
@@ -47,32 +46,35 @@ def test_nested_sampling_whole_curve_from_one_run():
     assert np.all(np.abs(cl - exact) < 4 * np.sqrt(c * H / 1000) + 0.02), np.max(np.abs(cl - exact))
 
 
-def test_nested_sampling_label_sampled_indicator():
+def test_nested_sampling_label_sampled_indicator(linreg, torch_gen):
     """The indicator form (label sampled, membership by the real gradient) agrees with exact; it
     gives no curve above the label range's eps_max (= eps here)."""
-    model, xs = _linreg(3)
+    model, xs = linreg(3)
     exact = linreg_log_volume(3, 0.1, 1.0)
-    est = nested_sampling(slab_problem(model, xs, 1.0, "sampled", eps_max=0.1), 0.1, generator=_gen(7), n_samples=500)
+    est = nested_sampling(slab_problem(model, xs, 1.0, "sampled", eps_max=0.1), 0.1, generator=torch_gen(7), n_samples=500)
     assert est.n_hits > 0 and abs(est.log_volume - exact) < 3 * est.log_volume_stderr, (est.log_volume, exact)
     assert est.extra["curve_eps"] == []  # labels are drawn for forgers up to eps_max = eps only: no curve above
 
 
-def test_nested_sampling_stalls_when_eps_is_below_min_g():
+def test_nested_sampling_stalls_when_eps_is_below_min_g(torch_gen):
     """g = 1 + ||ξ||² never goes below 1: asking for eps = 0.5 reports NaN, stalled, and the lowest level."""
     problem = ForgingProblem(latent_dim=2, evaluate=lambda xi: (1 + (xi * xi).sum(1), torch.ones(len(xi), dtype=xi.dtype)),
                              kind="indicator", log_measure=0.0, evals_per_point=1)
-    est = nested_sampling(problem, 0.5, generator=_gen(0), n_samples=200)
+    est = nested_sampling(problem, 0.5, generator=torch_gen(0), n_samples=200)
     assert math.isnan(est.log_volume) and est.extra["stalled"]
     assert 1.0 <= est.extra["min_level"] < 1.001
 
 
-def test_nested_sampling_through_the_forging_cell_and_bad_inputs():
+def test_nested_sampling_through_the_forging_cell():
     out = forging_cell(model="linreg", d=3, eps=0.3, label="integrated", estimator="nested_sampling",
                        n_samples=500, n_repeats=10)
     assert out["status"] == 0 and abs(out["log_volume"] - out["log_volume_exact"]) < 3 * out["log_volume_stderr"]
-    model, xs = _linreg(3)
+
+
+@pytest.mark.parametrize("kw,name", [({"drop": 0.7}, "drop"), ({"n_mcmc": 0}, "n_mcmc"), ({"n_samples": 5}, "n_samples"),
+                                     ({"n_repeats": 1}, "n_repeats")])
+def test_nested_sampling_bad_inputs(kw, name, linreg, torch_gen):
+    model, xs = linreg(3)
     problem = slab_problem(model, xs, 1.0, "integrated")
-    for kw, name in (({"drop": 0.7}, "drop"), ({"n_mcmc": 0}, "n_mcmc"), ({"n_samples": 5}, "n_samples"),
-                     ({"n_repeats": 1}, "n_repeats")):
-        with pytest.raises(ValueError, match=name):
-            nested_sampling(problem, 0.1, generator=_gen(0), **{"n_samples": 100, **kw})
+    with pytest.raises(ValueError, match=name):
+        nested_sampling(problem, 0.1, generator=torch_gen(0), **{"n_samples": 100, **kw})

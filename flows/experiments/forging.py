@@ -55,7 +55,8 @@ V = {
     "log_volume": Var("log(volume)", "natural log of mu(S_eps ∩ domain) (slab: (d+1)-dim measure, z ∈ B_R, t ∈ R; "
                       "ball/batch: measure in R^{m(d+1)}; cylinder: mu(S_eps ∩ V); gaussian: NaN, see "
                       "log_probability); +inf = unbounded (status 1)"),
-    "log_volume_stderr": Var("1", "standard error of log_volume (delta method; subset simulation: CV over runs)"),
+    "log_volume_stderr": Var("1", "standard error of log_volume (delta method; repeated estimators: spread of the runs, "
+                             "subset simulation floored by the Au-Beck within-run CoV, times sqrt((R-1)/(R-3)))"),
     "log_volume_exact": Var("log(volume)", "exact T000-2x value (linreg, slab); NaN otherwise"),
     "log_probability": Var("log(probability)", "log of the forging probability under the uniform law on the "
                            "reference region (slab: {||z||<R, |s| ||z|| <= A+eps}; ball: D2^m; cylinder: B_R × [-R2, R2]) or "
@@ -97,7 +98,12 @@ V = {
     "lipschitz_estimate": Var("1", "estimate (lower bound) of L, Lipschitz constant of M(w, ·) on D2 (ball: "
                               "B_R(x*); cylinder / gaussian: the ball about 0 containing D2; NaN on the slab)"),
     "status": Var("1", "0 ok, 1 unbounded (ReLU, eps >= ||∇f(x*)||, P000-10), 2 subset simulation or nested "
-                  "sampling stalled (eps below min of the mismatch on the domain)"),
+                  "sampling stalled (eps below min of the mismatch on the domain), 3 estimate flagged unreliable "
+                  "by its estimator (log_volume, its stderr and log_probability NaN; see log_volume_unreliable)"),
+    "reliable": Var("1", "1 if the estimator trusts its estimate and stated stderr, 0 if it flags it unreliable "
+                    "(subset_importance: Pareto k-hat > 0.7); such a cell is kept out of figures and summaries"),
+    "log_volume_unreliable": Var("log(volume)", "the raw log_volume of an estimate flagged unreliable (status 3), "
+                                 "for inspection only; NaN otherwise"),
     "min_level": Var("1", "status 2: lowest mismatch level reached"),
     "importance_ess": Var("1", "subset_importance: effective sample size of the final importance weights"),
     "importance_khat": Var("1", "subset_importance: Pareto k-hat of the weight tail (> 0.7: stated stderr "

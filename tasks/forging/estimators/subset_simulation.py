@@ -44,6 +44,31 @@ def _levels_pilot(problem: ForgingProblem, eps: float, N: int, n_seed: int, max_
     raise _Stalled(levels[-1] if levels else math.nan, evals * problem.evals_per_point)
 
 
+def _systematic(surv: torch.Tensor, n: int, generator: torch.Generator) -> torch.Tensor:
+    """Systematic resampling of ``n`` indices per row among the True entries of ``surv`` (R, N): each
+    survivor gets floor or ceil of n / #survivors copies (all of them seed a chain when they are at most
+    n: no mode is dropped by the luck of a multinomial draw, spec §6.6), unbiased (E[copies] = n /
+    #survivors). Rows without survivors draw uniformly (their run is dead and ignored)."""
+    w = torch.where(surv.any(1, keepdim=True), surv.to(torch.float64), torch.ones_like(surv, dtype=torch.float64))
+    c = torch.cumsum(w, 1)
+    c = c / c[:, -1:]
+    u = (torch.rand(surv.shape[0], 1, dtype=torch.float64, generator=generator)
+         + torch.arange(n, dtype=torch.float64)[None]) / n
+    return torch.searchsorted(c, u, right=True).clamp_max(surv.shape[1] - 1)
+
+
+def _gamma(x: torch.Tensor) -> torch.Tensor:
+    """Au & Beck (2001) correlation factor γ = 2 Σ_{k<T} (1 - k/T) ρ_k of the chain means, from the
+    lag-k autocorrelation ρ_k of x (R, T, chains) along the T chain steps, pooled over chains; (R,)."""
+    T = x.shape[1]
+    xc = x - x.mean((1, 2), keepdim=True)
+    r0 = (xc * xc).mean((1, 2))
+    gam = torch.zeros(x.shape[0], dtype=x.dtype)
+    for k in range(1, T):
+        gam += 2 * (1 - k / T) * (xc[:, :-k] * xc[:, k:]).mean((1, 2))
+    return torch.where(r0 > 0, gam / r0.clamp_min(1e-300), torch.zeros_like(gam))
+
+
 class _Stalled(Exception):
     def __init__(self, level: float, evals: int):
         super().__init__(level, evals)
@@ -66,12 +91,20 @@ def subset_simulation_samples(problem: ForgingProblem, eps: float, *, generator:
     1. A pilot run (adaptive: each level is the p0-quantile of g, pCN scale adapted towards
        ``target_accept``) fixes the levels b_1 > ... > b_L > eps and a pCN scale per level.
     2. ``n_repeats`` independent runs (one batched tensor) of ``n_samples`` points each: at level i
-       the fraction of points with g <= b_i is recorded, p0·N seeds are resampled uniformly from those
-       survivors (all of them eligible, spec §6.6), and each seed starts a pCN chain of 1/p0 states
-       restricted to {g <= b_i}. The last level contributes mean(W(·; eps)).
-    With fixed levels and resampling this is a Feynman-Kac particle estimate, hence unbiased (the
-    purely adaptive version has an O(CV²) bias, measured ≈ +15% at 1e-20). Estimate = mean of the
-    runs; stated stderr of the log = sd(runs)/(sqrt(R)·mean) (spec §5: CV from >= 10 repetitions).
+       the fraction of points with g <= b_i is recorded, p0·N seeds are drawn from those survivors by
+       systematic resampling (every survivor seeds a chain when there are at most p0·N of them, spec
+       §6.6: a multinomial draw left ~37 % of them out, so a cap of the slab problem's two antipodal
+       caps seen by few survivors could die out and the runs' spread grew: single-run CV 1.18 -> 0.83
+       at d = 5, p = 2e-11), and each seed starts a pCN chain of 1/p0 states restricted to {g <= b_i}.
+       The last level contributes mean(W(·; eps)).
+    With fixed levels and an unbiased resampling this is a Feynman-Kac particle estimate, hence unbiased
+    given the pilot's levels whatever they are (the pilot's randomness moves only the runs' variance,
+    which their spread measures; the purely adaptive version has an O(CV²) bias, measured ≈ +15% at
+    1e-20). Estimate = mean of the runs; stated stderr of the log: see
+    :func:`~tasks.forging.estimators.common.estimate_from_runs` (spread of the runs, floored by the
+    mean Au-Beck CoV δ² = Σ_i (1 - p_i)/(p_i N)(1 + γ_i) of the runs, γ_i from the lag
+    autocorrelation of the level indicators along the chains, times the Student-t factor
+    sqrt((R - 1)/(R - 3)); spec §5: CV from >= 10 repetitions). Each run's δ² is ``extra["cov2_au_beck"]``.
     Gradient evaluations include the pilot. If the pilot's level stops decreasing above eps (eps below
     the minimum of g on the domain, e.g. no exact forger inside it), the result is NaN with
     ``extra["stalled"] = True`` and the lowest level reached.
@@ -103,17 +136,24 @@ def subset_simulation_samples(problem: ForgingProblem, eps: float, *, generator:
     g, scale = ev(xi)
     n_eval = R * N
     log_p = torch.zeros(R, dtype=dt)
+    delta2 = torch.zeros(R, dtype=dt)  # Au-Beck squared CoV of each run (chain correlation included)
     alive = torch.ones(R, dtype=torch.bool)
+    chained = False  # whether the current population is made of chains (level 0: independent draws)
+
+    def corr(x: torch.Tensor) -> torch.Tensor:
+        return _gamma(x.reshape(R, steps, n_seed)) if chained else torch.zeros(R, dtype=dt)
+
     for b, sig in zip(levels, sigmas):
         surv = g <= b
         counts = surv.sum(1)
-        log_p += torch.log(counts.to(dt) / N)
+        p_i = counts.to(dt) / N
+        log_p += torch.log(p_i)
+        delta2 += (1 - p_i) / (p_i.clamp_min(1e-300) * N) * (1 + corr(surv.to(dt)))
         alive &= counts > 0
         if not alive.any():
             break
-        # resample p0·N seeds uniformly among the survivors of each run (multinomial; dead runs: any)
-        probs = torch.where(alive[:, None], surv.to(dt), torch.ones_like(g))
-        sel = torch.multinomial(probs, n_seed, replacement=True, generator=generator)
+        # p0·N seeds among the survivors of each run, systematic: every survivor seeds a chain (§6.6)
+        sel = _systematic(surv, n_seed, generator)
         cur_xi = torch.gather(xi, 1, sel[..., None].expand(-1, -1, k))
         cur_g, cur_s = torch.gather(g, 1, sel), torch.gather(scale, 1, sel)
         chain = [(cur_xi, cur_g, cur_s)]
@@ -127,10 +167,15 @@ def subset_simulation_samples(problem: ForgingProblem, eps: float, *, generator:
             cur_g, cur_s = torch.where(acc, pg, cur_g), torch.where(acc, ps, cur_s)
             chain.append((cur_xi, cur_g, cur_s))
         xi, g, scale = (torch.cat(t, 1) for t in zip(*chain))
+        chained = True
     W = problem.weight(g, scale, eps)
+    W_mean = W.mean(1)
+    cv2_W = W.var(1, unbiased=False) / (W_mean * W_mean).clamp_min(1e-300)
+    delta2 += torch.where(W_mean > 0, cv2_W / N * (1 + corr(W)), torch.zeros_like(W_mean))
     hits = int((g <= eps)[alive].sum())
     samples = (xi[alive].reshape(-1, k), g[alive].reshape(-1)) if alive.any() else (None, None)
-    log_runs = torch.where(alive, log_p + torch.log(W.mean(1)), torch.full_like(log_p, -math.inf))
+    log_runs = torch.where(alive, log_p + torch.log(W_mean), torch.full_like(log_p, -math.inf))
     evals += n_eval * problem.evals_per_point
-    extra = {"n_levels": len(levels), "levels": levels, "sigmas": sigmas}
-    return estimate_from_runs("subset_simulation", problem, log_runs, evals, hits, extra), *samples
+    delta2 = torch.where(alive, delta2, torch.full_like(delta2, math.nan))
+    extra = {"n_levels": len(levels), "levels": levels, "sigmas": sigmas, "cov2_au_beck": delta2.tolist()}
+    return estimate_from_runs("subset_simulation", problem, log_runs, evals, hits, extra, cov2_within=delta2), *samples
