@@ -16,6 +16,20 @@ def trained():
     return st.net, X, y
 
 
+@pytest.mark.parametrize("q, valid, expected", [
+    pytest.param([-3.0, 1.0, 1.05, 2.0], [1, 1, 1, 1], [0, 1, 1, 0], id="one-misclassified"),
+    pytest.param([-3.0, -0.5, 1.0, 1.2], [1, 1, 1, 1], [0, 0, 1, 0], id="two-misclassified"),
+    pytest.param([1.0, 1.08, 1.2, -1.0], [1, 1, 1, 0], [1, 1, 0, 0], id="padded-negative"),
+    pytest.param([0.0, 1.0, 1.1, 5.0], [1, 1, 1, 1], [0, 1, 1, 0], id="zero-margin-is-not-correct"),
+    pytest.param([-1.0, -2.0], [1, 1], [0, 0], id="all-misclassified"),
+])
+def test_margin_set_uses_correct_points_only(q, valid, expected):
+    """Spec 002 A14 (issue 11, defect 1): q_min is over correctly classified points, so a
+    misclassified point never empties I: I = {i : 0 < q_i <= 1.1 min_{q_l > 0} q_l}."""
+    I = kkt.margin_set(torch.tensor([q], dtype=torch.float64), torch.tensor([valid], dtype=torch.bool))
+    assert I[0].tolist() == [bool(e) for e in expected]
+
+
 def test_gram_equals_jacobian_product(trained):
     net, X, y = trained
     e = 1
