@@ -43,26 +43,37 @@ def test_gram_equals_jacobian_product(trained):
     torch.testing.assert_close(Q, J @ J.T, rtol=1e-10, atol=1e-10)
 
 
-def test_nnls_matches_scipy():
+@pytest.fixture(scope="module")
+def nnls_problem():
     gen = torch.Generator().manual_seed(0)
     A = torch.randn(3, 20, 8, generator=gen, dtype=torch.float64)
     t = torch.randn(3, 20, generator=gen, dtype=torch.float64)
     Q = A.transpose(1, 2) @ A
     r = (A.transpose(1, 2) @ t.unsqueeze(-1)).squeeze(-1)
     lam = kkt.nnls(Q, r, torch.ones(3, 8, dtype=torch.bool), iters=20000)
-    for e in range(3):
-        ref, _ = scipy_nnls(A[e].numpy(), t[e].numpy())
-        np.testing.assert_allclose(lam[e].numpy(), ref, atol=1e-7)
+    return A, t, lam
 
 
-def test_kkt_fit_batched_equals_per_model(trained):
+@pytest.mark.parametrize("e", range(3))
+def test_nnls_matches_scipy(nnls_problem, e):
+    A, t, lam = nnls_problem
+    ref, _ = scipy_nnls(A[e].numpy(), t[e].numpy())
+    np.testing.assert_allclose(lam[e].numpy(), ref, atol=1e-7)
+
+
+@pytest.fixture(scope="module")
+def batched_fit(trained):
+    net, X, y = trained
+    return kkt.kkt_fit(net, X, y, torch.ones_like(y, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("e", range(3))
+def test_kkt_fit_batched_equals_per_model(trained, batched_fit, e):
     net, X, y = trained
     valid = torch.ones_like(y, dtype=torch.bool)
-    fit = kkt.kkt_fit(net, X, y, valid)
-    for e in range(3):
-        one = kkt.kkt_fit(net.select(slice(e, e + 1)), X[e:e + 1], y[e:e + 1], valid[e:e + 1])
-        torch.testing.assert_close(one.lam[0], fit.lam[e], rtol=0, atol=1e-10)
-        torch.testing.assert_close(one.eps[0], fit.eps[e], rtol=0, atol=1e-10)
+    one = kkt.kkt_fit(net.select(slice(e, e + 1)), X[e:e + 1], y[e:e + 1], valid[e:e + 1])
+    torch.testing.assert_close(one.lam[0], batched_fit.lam[e], rtol=0, atol=1e-10)
+    torch.testing.assert_close(one.eps[0], batched_fit.eps[e], rtol=0, atol=1e-10)
 
 
 def test_kkt_residual_is_consistent(trained):
