@@ -16,6 +16,20 @@ def trained():
     return st.net, X, y
 
 
+@pytest.mark.parametrize("q, valid, expected", [
+    pytest.param([-3.0, 1.0, 1.05, 2.0], [1, 1, 1, 1], [0, 1, 1, 0], id="one-misclassified"),
+    pytest.param([-3.0, -0.5, 1.0, 1.2], [1, 1, 1, 1], [0, 0, 1, 0], id="two-misclassified"),
+    pytest.param([1.0, 1.08, 1.2, -1.0], [1, 1, 1, 0], [1, 1, 0, 0], id="padded-negative"),
+    pytest.param([0.0, 1.0, 1.1, 5.0], [1, 1, 1, 1], [0, 1, 1, 0], id="zero-margin-is-not-correct"),
+    pytest.param([-1.0, -2.0], [1, 1], [0, 0], id="all-misclassified"),
+])
+def test_margin_set_uses_correct_points_only(q, valid, expected):
+    """Spec 002 A14 (issue 11, defect 1): q_min is over correctly classified points, so a
+    misclassified point never empties I: I = {i : 0 < q_i <= 1.1 min_{q_l > 0} q_l}."""
+    I = kkt.margin_set(torch.tensor([q], dtype=torch.float64), torch.tensor([valid], dtype=torch.bool))
+    assert I[0].tolist() == [bool(e) for e in expected]
+
+
 def test_gram_equals_jacobian_product(trained):
     net, X, y = trained
     e = 1
@@ -29,26 +43,37 @@ def test_gram_equals_jacobian_product(trained):
     torch.testing.assert_close(Q, J @ J.T, rtol=1e-10, atol=1e-10)
 
 
-def test_nnls_matches_scipy():
+@pytest.fixture(scope="module")
+def nnls_problem():
     gen = torch.Generator().manual_seed(0)
     A = torch.randn(3, 20, 8, generator=gen, dtype=torch.float64)
     t = torch.randn(3, 20, generator=gen, dtype=torch.float64)
     Q = A.transpose(1, 2) @ A
     r = (A.transpose(1, 2) @ t.unsqueeze(-1)).squeeze(-1)
     lam = kkt.nnls(Q, r, torch.ones(3, 8, dtype=torch.bool), iters=20000)
-    for e in range(3):
-        ref, _ = scipy_nnls(A[e].numpy(), t[e].numpy())
-        np.testing.assert_allclose(lam[e].numpy(), ref, atol=1e-7)
+    return A, t, lam
 
 
-def test_kkt_fit_batched_equals_per_model(trained):
+@pytest.mark.parametrize("e", range(3))
+def test_nnls_matches_scipy(nnls_problem, e):
+    A, t, lam = nnls_problem
+    ref, _ = scipy_nnls(A[e].numpy(), t[e].numpy())
+    np.testing.assert_allclose(lam[e].numpy(), ref, atol=1e-7)
+
+
+@pytest.fixture(scope="module")
+def batched_fit(trained):
+    net, X, y = trained
+    return kkt.kkt_fit(net, X, y, torch.ones_like(y, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("e", range(3))
+def test_kkt_fit_batched_equals_per_model(trained, batched_fit, e):
     net, X, y = trained
     valid = torch.ones_like(y, dtype=torch.bool)
-    fit = kkt.kkt_fit(net, X, y, valid)
-    for e in range(3):
-        one = kkt.kkt_fit(net.select(slice(e, e + 1)), X[e:e + 1], y[e:e + 1], valid[e:e + 1])
-        torch.testing.assert_close(one.lam[0], fit.lam[e], rtol=0, atol=1e-10)
-        torch.testing.assert_close(one.eps[0], fit.eps[e], rtol=0, atol=1e-10)
+    one = kkt.kkt_fit(net.select(slice(e, e + 1)), X[e:e + 1], y[e:e + 1], valid[e:e + 1])
+    torch.testing.assert_close(one.lam[0], batched_fit.lam[e], rtol=0, atol=1e-10)
+    torch.testing.assert_close(one.eps[0], batched_fit.eps[e], rtol=0, atol=1e-10)
 
 
 def test_kkt_residual_is_consistent(trained):
