@@ -1,4 +1,6 @@
-"""The fast-period switch of spec 002 E14 looks at the full data, never at a minibatch.
+"""Departures from spec 002 that were closed (issue 11 item 6): E14's switch, E6's grid, E8's claim.
+
+The fast-period switch of spec 002 E14 looks at the full data, never at a minibatch.
 
 "P = 100 until all points are correctly classified, then P = 10": a net that classifies one
 minibatch correctly but misclassifies a point outside it must keep the slow period. With
@@ -7,11 +9,15 @@ the first sync after separation.
 """
 
 import math
+import pathlib
 
 import pytest
 import torch
 
+from flows import config, experiments
 from tasks import data, train
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 LR0 = 1e-12  # so small that no margin changes sign during the test
 
@@ -69,3 +75,20 @@ def test_state_round_trip_keeps_separated_and_older_states_are_refused():
     with pytest.raises(ValueError, match="separated"):
         train.state_from_dict(d, "cpu", torch.float64)
 
+
+
+def test_theory_config_follows_E6():
+    """m in {d/12, d/6, (d+1)/3} (rounded down) for d in {300, 1000, 3000, 8192}, k in {100, 1000},
+    3 seeds, orthogonal data with balanced labels."""
+    cfg = config.load(ROOT / "configs" / "paper-002-theory.yaml")
+    cells = list(cfg.cells())
+    pairs = {(c["d"], c["m"]) for c in cells}
+    assert pairs == {(d, m) for d in (300, 1000, 3000, 8192) for m in (d // 12, d // 6, (d + 1) // 3)}
+    assert {c["width"] for c in cells} == {100, 1000} and {c["seed"] for c in cells} == {0, 1, 2}
+    assert len(cells) == 12 * 2 * 3
+    assert all(c["data"] == "orthogonal" and c["labels"] == "balanced" for c in cells)
+
+
+def test_spec_ids_claim_only_what_runs():
+    """E8's trajectory run does not exist, so the experiment does not claim E8."""
+    assert "E8" not in experiments.get("nonrobust").spec_ids
