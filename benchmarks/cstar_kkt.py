@@ -1,7 +1,7 @@
 """Exact c* vs bisection, and batched vs per-model KKT fits / c* (paper 002 measures).
 
-On E trained-shape nets (random weights with the trained nets' structure are enough for
-timing; the equality of the answers is checked on each run):
+On E trained nets (sphere data, full-batch GD with a fast schedule to loss 1e-8 or 4000 steps;
+the training is set-up and not timed; the equality of the answers is checked on each run):
 - exact c* (sort breakpoints + cumsum) vs 60-step bisection on the flip predicate;
 - c* and KKT NNLS fit for the whole stack at once vs a Python loop over the nets.
 Writes benchmarks/results/cstar_kkt.json.

@@ -4,6 +4,12 @@ wiring only; the maths of a bundle is ``tasks/cells/nonrobust.py``.
 
 Cells that differ only in seed, d, m and width share one bundle (zero-padded, see the cell
 module). Minibatch cells (m > batch_size) are not padded in m.
+
+Departures from spec 002 (README "Departures from the specs"): E8's trajectory run is not
+implemented (only the Thm 3.1 net's radius and c* are stored, so E8 is not in ``spec_ids``);
+E6's sphere-data part is not configured. Followed as the spec resolves them: the margin set is
+over correctly classified points (A14), Thm 4.1 is checked on the slack-1.01 set (A13), the
+fast period (E14) switches on full-data separation.
 """
 
 from __future__ import annotations
@@ -177,5 +183,7 @@ EXPERIMENT = register(Experiment(
     checkpoints=True,
     extra_dims=extra_dims,
     summary=("m_used", "status", "iters", "train_acc", "margin_frac", "gamma", "c_star", "c_star_rel", "kkt_eps"),
-    spec_ids=("Fig1a", "Fig1b", "Fig2a", "Fig2b", "E4", "E5", "E6", "E8", "E13", "E14"),
+    # E8 is left out: only its comparison part (robust_radius, robust_c_star) is stored, no
+    # trajectory run from the Thm 3.1 net (README "Departures from the specs")
+    spec_ids=("Fig1a", "Fig1b", "Fig2a", "Fig2b", "E4", "E5", "E6", "E13", "E14"),
 ))

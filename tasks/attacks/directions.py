@@ -23,12 +23,12 @@ def all_samples_direction(net, X, y, I, generators=None) -> torch.Tensor:
 def random_direction(net, X, y, I, generators=None) -> torch.Tensor:
     """A uniformly random unit direction in the features the data use (baseline, spec E10/E11).
 
-    ``generators``: one ``torch.Generator`` per net, so each net's draw is its own.
+    ``generators``: one ``torch.Generator`` per net, so each net's draw is its own; the draw
+    has the size of the features the net's data use, whatever the bundle's padded d.
     """
-    E, d = X.shape[0], X.shape[2]
-    if generators is None:
-        z = torch.randn(E, d, dtype=torch.float64)
-    else:
-        z = torch.stack([torch.randn(d, generator=g, dtype=torch.float64) for g in generators])
-    used = (X != 0).any(1)  # zero-padded features stay zero
-    return _unit(z.to(device=X.device, dtype=X.dtype) * used)
+    used = (X != 0).any(1).cpu()  # (E,d) the features the data use; zero-padded ones stay zero
+    z = torch.zeros(used.shape, dtype=torch.float64)
+    for e in range(used.shape[0]):  # drawn at the net's true d: padding never changes the draw
+        n = int(used[e].sum())
+        z[e, used[e]] = torch.randn(n, dtype=torch.float64, generator=None if generators is None else generators[e])
+    return _unit(z.to(device=X.device, dtype=X.dtype))

@@ -61,7 +61,12 @@ def chunk_steps(cells: list[dict], sched: train.Schedule) -> int:
 
 def robust(X: torch.Tensor, y: torch.Tensor, z_hat: torch.Tensor) -> tuple[float, float]:
     """Theorem 3.1 net on one cell's data (m,d): certified radius (1-ρ)√d/2 and its c* along the
-    same ẑ (spec 002 E8, the comparison part; the trajectory run of E8 is not implemented)."""
+    same ẑ (spec 002 §2.10, E8); NaN, NaN when ρ >= 1 (the theorem does not apply).
+
+    Departure from spec 002 E8: only this comparison is computed. Not implemented: E8's
+    trajectory run (GD started at the scaled Thm 3.1 net with the paper schedule, logging c*(t)
+    and γ(t)), the robust net's γ and its per-sample minimal perturbations (E11); the stated
+    radius (1-ρ)√d/4 is half the stored one. The experiment therefore does not list E8."""
     try:
         net, rho = nets.robust_net(X, y)
     except ValueError:  # rho >= 1: Theorem 3.1 does not apply (e.g. clustered data)

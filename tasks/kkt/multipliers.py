@@ -68,7 +68,7 @@ class KKTFit:
     eps: torch.Tensor  # (E,) stationarity residual / ||θ̂||
     delta: torch.Tensor  # (E,) complementary slackness Σ λ_i (q̂_i - 1)
     sum_lam_ratio: torch.Tensor  # (E,) Σλ / (||θ̂||²/2), 1 at an exact KKT point
-    eps_proj: torch.Tensor  # (E,) ε with W projected on span{x_i} (spec §2.11; = eps when m >= d, full rank)
+    eps_proj: torch.Tensor  # (E,) ε with W projected on span{x_i} (spec §2.11); <= eps, = eps when the data span R^d
 
     def select(self, e: int) -> "KKTFit":
         """Net e's fit (0-dim tensors, lam (m,))."""
@@ -96,9 +96,20 @@ def kkt_fit(net: TwoLayer, X, y, valid: torch.Tensor, iters: int = 3000) -> KKTF
 
 def span_projected(net: TwoLayer, X: torch.Tensor, valid: torch.Tensor) -> TwoLayer:
     """The net with each w_j projected on span{x_i : valid} (spec 002 §2.11; for m < d the part of
-    W(0) orthogonal to the data never moves under GD, §2.4). P = Xᵀ (X Xᵀ)⁺ X, per net."""
+    W(0) orthogonal to the data never moves under GD, §2.4), per net.
+
+    P = V_r V_rᵀ from the SVD of the net's data, rank r counted above σ_max · max(m, d) · eps at
+    the net's true (m, d), so zero padding never changes it. When the data span every feature
+    they use (m >= d, full rank) P is the identity on them and W is returned as it is (exactly).
+    Margins are unchanged: w_j·x_i = (P w_j)·x_i for every x_i in the span.
+    """
     Xv = X * valid.unsqueeze(-1).to(X.dtype)
-    G_pinv = torch.linalg.pinv(torch.bmm(Xv, Xv.transpose(1, 2)), hermitian=True)
-    WX = torch.bmm(net.W, Xv.transpose(1, 2))  # (E,k,m)
-    W_proj = torch.bmm(torch.bmm(WX, G_pinv), Xv)
+    used = (Xv != 0).any(1)  # (E,d) features the data use (zero-padded ones are not)
+    _, S, Vh = torch.linalg.svd(Xv, full_matrices=False)  # S (E,r), Vh (E,r,d)
+    size = torch.maximum(valid.sum(1), used.sum(1)).to(X.dtype)
+    keep = S > S[:, :1] * size.unsqueeze(1) * torch.finfo(X.dtype).eps
+    V = Vh * keep.unsqueeze(-1).to(X.dtype)
+    W_proj = torch.bmm(torch.bmm(net.W, V.transpose(1, 2)), V)
+    full = keep.sum(1) == used.sum(1)  # span = every used feature: P is the identity there
+    W_proj = torch.where(full[:, None, None], net.W * used.unsqueeze(1).to(X.dtype), W_proj)
     return TwoLayer(W_proj, net.b, net.v)

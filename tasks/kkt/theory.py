@@ -52,7 +52,9 @@ def theory_check(net: TwoLayer, X, y, I: torch.Tensor, d: torch.Tensor | None = 
     gap = d - n * p
     eta1 = (p + 1) / gap
     eta2 = 2 * (c_bal * c_prime + 1) * (d + 1) / (n * c_bal * gap)
-    z = (eta1 + eta2).unsqueeze(-1) * torch.einsum("en,end->ed", y * Idt, X)
+    s = torch.einsum("en,end->ed", y * Idt, X)
+    used = (X != 0).any(1)  # zero-padded features: z is 0 there even when η is not finite (0·inf)
+    z = torch.where(used, (eta1 + eta2).unsqueeze(-1) * s, torch.zeros_like(s))
     q = margins(net, X, y)
     q_min = q.masked_fill(~I, math.inf).min(1).values
     hat = net.scaled(1 / torch.sqrt(q_min))

@@ -23,7 +23,11 @@ def log_loss_terms(q: torch.Tensor, loss: str) -> tuple[torch.Tensor, torch.Tens
 
 def data_log_loss(net: TwoLayer, X: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, loss: str) -> torch.Tensor:
     """Full-data log loss with mean reduction over the valid samples, (E,) float64."""
-    q = y * net(X)
+    return mean_log_loss(y * net(X), mask, loss)
+
+
+def mean_log_loss(q: torch.Tensor, mask: torch.Tensor, loss: str) -> torch.Tensor:
+    """log of the mean loss over the valid samples from their margins q (E,n): (E,) float64."""
     log_l = log_loss_terms(q, loss)[0].masked_fill(~mask, -math.inf)
     n = mask.sum(1).clamp_min(1).to(torch.float64)
     return torch.logsumexp(log_l.to(torch.float64), 1) - torch.log(n)

@@ -19,7 +19,7 @@ import math
 
 import torch
 
-from tasks.nets import TwoLayer, data_log_loss, log_loss_terms
+from tasks.nets import TwoLayer, log_loss_terms, mean_log_loss
 
 RUNNING, CONVERGED, MAX_ITERS, DEAD, DIVERGED = 0, 1, 2, 3, 4
 STATUS_NAMES = {RUNNING: "running", CONVERGED: "converged", MAX_ITERS: "max_iters", DEAD: "dead",
@@ -31,7 +31,9 @@ class Schedule:
     """Paper 002 Sec. 6: lr_t = lr0 · factor^(t // period), stop when loss < target.
 
     ``period_fast`` (spec E14): once every training point of a net is classified correctly its
-    period switches to ``period_fast`` (None keeps the paper's schedule). ``max_log_lr`` caps the
+    period switches to ``period_fast`` (None keeps the paper's schedule). "Every point" is the
+    full data, judged whenever the full-data loss is (every step with full batch, at the sync
+    points every ``sync_every`` steps with minibatches; spec A3), never on a minibatch. ``max_log_lr`` caps the
     LR exponent (spec A22); ``max_iters`` caps the run (spec A15).
     """
 
@@ -57,6 +59,7 @@ class TrainState:
     iters: torch.Tensor  # (E,) int64, steps taken
     status: torch.Tensor  # (E,) int8, see STATUS_NAMES
     log_loss: torch.Tensor  # (E,) float64, last full-data log loss (mean reduction)
+    separated: torch.Tensor  # (E,) bool, every training point correct at that evaluation (E14)
 
     @property
     def running(self) -> torch.Tensor:
@@ -72,11 +75,25 @@ def init_state(net: TwoLayer, schedule: Schedule) -> TrainState:
         iters=torch.zeros(E, dtype=torch.int64, device=dev),
         status=torch.zeros(E, dtype=torch.int8, device=dev),
         log_loss=torch.zeros(E, dtype=torch.float64, device=dev),
+        separated=torch.zeros(E, dtype=torch.bool, device=dev),
     )
 
 
 def _status(st: TrainState, cond: torch.Tensor, code: int) -> None:
     st.status = torch.where(st.running & cond, torch.tensor(code, dtype=torch.int8, device=cond.device), st.status)
+
+
+def _separated(q: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Every valid point classified correctly, (E,) bool."""
+    return ((q > 0) | ~mask).all(1)
+
+
+def _full_data_check(st: TrainState, log_L: torch.Tensor, separated: torch.Tensor, sched: Schedule) -> None:
+    """Record a full-data evaluation of the running nets: loss, separation, convergence, divergence."""
+    st.log_loss = torch.where(st.running, log_L, st.log_loss)
+    st.separated = torch.where(st.running, separated, st.separated)
+    _status(st, log_L < math.log(sched.target_loss), CONVERGED)
+    _status(st, ~torch.isfinite(log_L), DIVERGED)
 
 
 def _step(st: TrainState, X, y, mask, sched: Schedule, check_stop: bool, check_dead: bool) -> None:
@@ -93,10 +110,8 @@ def _step(st: TrainState, X, y, mask, sched: Schedule, check_stop: bool, check_d
     log_l = log_l.masked_fill(~mask, -math.inf)
     lse = torch.logsumexp(log_l.to(torch.float64), 1)  # log Σ ℓ
     log_L = lse - torch.log(mask.sum(1).to(torch.float64))  # mean reduction (spec A2)
-    if check_stop:  # full batch: the batch loss is the data loss, checked every step (spec A3)
-        st.log_loss = torch.where(st.running, log_L, st.log_loss)
-        _status(st, log_L < math.log(sched.target_loss), CONVERGED)
-        _status(st, ~torch.isfinite(log_L), DIVERGED)
+    if check_stop:  # full batch: the batch is the data, checked every step (spec A3)
+        _full_data_check(st, log_L, _separated(q, mask), sched)
     if check_dead:  # no neuron active on any sample: GD can never move again (spec A22)
         _status(st, (A * mask.unsqueeze(-1)).flatten(1).amax(1) <= 0, DEAD)
     run = st.running
@@ -115,9 +130,8 @@ def _step(st: TrainState, X, y, mask, sched: Schedule, check_stop: bool, check_d
     st.iters += run
     st.plateau_pos += run
     period = torch.full_like(st.plateau_pos, sched.period)
-    if sched.period_fast is not None:
-        separated = ((q > 0) | ~mask).all(1)
-        period = torch.where(separated, torch.full_like(period, sched.period_fast), period)
+    if sched.period_fast is not None:  # full-data separation, never the minibatch's (E14)
+        period = torch.where(st.separated, torch.full_like(period, sched.period_fast), period)
     bump = run & (st.plateau_pos >= period)
     st.log_lr = torch.where(bump, (st.log_lr + math.log(sched.factor)).clamp_max(sched.max_log_lr), st.log_lr)
     st.plateau_pos = torch.where(bump, torch.zeros_like(st.plateau_pos), st.plateau_pos)
@@ -159,10 +173,8 @@ def train(net: TwoLayer, X: torch.Tensor, y: torch.Tensor, schedule: Schedule, *
         steps += 1
         at_sync = steps % schedule.sync_every == 0
         if not full_batch and (at_sync or steps == max_steps):
-            log_L = data_log_loss(st.net, X, y, mask, schedule.loss)
-            st.log_loss = torch.where(st.running, log_L, st.log_loss)
-            _status(st, log_L < math.log(schedule.target_loss), CONVERGED)
-            _status(st, ~torch.isfinite(log_L), DIVERGED)
+            q = y * st.net(X)
+            _full_data_check(st, mean_log_loss(q, mask, schedule.loss), _separated(q, mask), schedule)
         if at_sync:
             _status(st, st.iters >= schedule.max_iters, MAX_ITERS)
             if not bool(st.running.any()):
@@ -170,7 +182,7 @@ def train(net: TwoLayer, X: torch.Tensor, y: torch.Tensor, schedule: Schedule, *
     return st
 
 
-STATE_FIELDS = ("log_lr", "plateau_pos", "iters", "status", "log_loss")
+STATE_FIELDS = ("log_lr", "plateau_pos", "iters", "status", "log_loss", "separated")
 
 
 def state_to_dict(st: TrainState) -> dict[str, torch.Tensor]:
@@ -181,6 +193,14 @@ def state_to_dict(st: TrainState) -> dict[str, torch.Tensor]:
 
 
 def state_from_dict(d: dict[str, torch.Tensor], device, dtype) -> TrainState:
-    """Inverse of :func:`state_to_dict` on the given device / dtype of the bundle."""
+    """Inverse of :func:`state_to_dict` on the given device / dtype of the bundle.
+
+    A state written before a field existed (e.g. ``separated``) is refused with ValueError: it
+    cannot be continued exactly. (Checkpoint files are keyed on the code, so a sweep never
+    finds one of older code; this guards direct loads.)"""
+    missing = [f for f in (*STATE_FIELDS, "W", "b", "v") if f not in d]
+    if missing:
+        raise ValueError(f"training state lacks {missing} (written by an older kktlab?); delete it and "
+                         "restart the bundle")
     net = TwoLayer(*(d[k].to(device, dtype) for k in ("W", "b", "v")))
     return TrainState(net=net, **{f: d[f].to(device) for f in STATE_FIELDS})
