@@ -86,7 +86,7 @@ V = {
     "grad_norm": Var("1", "||∇_w f(w; x*)|| (= A)"),
     "lipschitz_estimate": Var("1", "estimate (lower bound) of L, Lipschitz constant of M(w, ·) on D2 (ball only)"),
     "status": Var("1", "0 ok, 1 unbounded (ReLU, eps >= ||∇f(x*)||, P000-10), 2 subset simulation or nested "
-                  "sampling stalled (eps below min of the mismatch on the domain)"),
+                  "sampling stalled (eps below min of the mismatch on the domain)", ok=(0,)),
     "min_level": Var("1", "status 2: lowest mismatch level reached"),
     "importance_ess": Var("1", "subset_importance: effective sample size of the final importance weights"),
     "importance_khat": Var("1", "subset_importance: Pareto k-hat of the weight tail (> 0.7: stated stderr "
