@@ -39,6 +39,11 @@ def frame(ds: xr.Dataset) -> pd.DataFrame:
     return df
 
 
+def _where(df, keys, key) -> str:
+    """'d=3, estimator=naive_mc': the group's values of the columns that vary in ``df``."""
+    return ", ".join(f"{k}={v}" for k, v in zip(keys, key) if df[k].nunique() > 1) or "all cells"
+
+
 def _fmt(x: float) -> str:
     return f"{x:.4g}"
 
@@ -82,7 +87,8 @@ def se_rows(df) -> list[Row]:
 def _slopes(df, value: str, lo: float, hi: float) -> list[tuple[float, float, str]]:
     """(fitted slope, d, where) per curve: cells grouped by every column but eps and seed, mean over
     seeds, points with eps/A in [lo, hi]."""
-    keys = [c for c in ("model", "d", "R", "A", "width", "domain", "label", "estimator", "m", "B") if c in df]
+    keys = [c for c in ("model", "d", "R", "A", "width", "domain", "label", "estimator", "m", "B")
+            if c in df and not (value == "log_volume_exact" and c == "estimator")]  # exact: one curve
     out = []
     for key, g in df.groupby(keys):
         g = g[(g["eps"] / g["A"] >= lo * (1 - 1e-9)) & (g["eps"] / g["A"] <= hi * (1 + 1e-9))]
@@ -90,7 +96,7 @@ def _slopes(df, value: str, lo: float, hi: float) -> list[tuple[float, float, st
         curve = curve[np.isfinite(curve)]
         if len(curve) >= 2:
             slope = fit_log_slope(curve.index.to_numpy(float), curve.to_numpy(float))[0]
-            out.append((slope, float(dict(zip(keys, key))["d"]), ", ".join(f"{k}={v}" for k, v in zip(keys, key))))
+            out.append((slope, float(dict(zip(keys, key))["d"]), _where(df, keys, key)))
     return out
 
 
@@ -120,7 +126,8 @@ def p8_row(df) -> Row:
         return skipped("P000-8", crit, thr)
     sub = df[df["model"].isin(["linreg", "tanh1", "softplus1"]) & (df["domain"] == "ball") & (df["status"] == 0)]
     worst, where = np.inf, ""
-    for key, g in sub.groupby([c for c in ("model", "d", "R", "A", "width", "estimator", "m", "B") if c in sub]):
+    keys = [c for c in ("model", "d", "R", "A", "width", "estimator", "m", "B") if c in sub]
+    for key, g in sub.groupby(keys):
         curve = g.groupby("eps")["log_volume"].mean()
         curve = curve[np.isfinite(curve)]
         if len(curve) < 2:
@@ -128,7 +135,7 @@ def p8_row(df) -> Row:
         small = curve.sort_index().iloc[:max(2, len(curve) // 3)]  # the smallest third, as the F000-3 legend
         gap = fit_log_slope(small.index.to_numpy(float), small.to_numpy(float))[0] - float(g["thm2_exponent"].max())
         if gap < worst:
-            worst, where = gap, str(key)
+            worst, where = gap, _where(sub, keys, key)
     if worst == np.inf:
         return skipped("P000-8", crit, thr)
     return Row(crit, "P000-8", f"min slope - (D-r)/2 = {_fmt(worst)} ({where})", thr, bool(worst >= 0),

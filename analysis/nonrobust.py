@@ -86,12 +86,12 @@ def exclusions(ds: xr.Dataset, var: str = "c_star") -> dict[str, int]:
     return {k: v for k, v in out.items() if v}
 
 
-def note(ds: xr.Dataset) -> str:
-    """'12/15 cells used (converged); left out: 1 dead, 1 max_iters, 1 c_star=inf'."""
-    used = int(usable(ds, OK).sum()) - exclusions(ds).get("c_star=inf", 0)
-    ex = exclusions(ds)
-    tail = "; left out: " + ", ".join(f"{v} {k}" for k, v in ex.items()) if ex else ""
-    return f"{used}/{ds.done.size} cells used (converged, finite c*){tail}"
+def note(ds: xr.Dataset, var: str = "c_star", sep: str = "; ") -> str:
+    """'20/24 cells used (converged, finite c_star); left out: 1 dead, 1 max_iters, 1 c_star=inf'."""
+    ex = exclusions(ds, var)
+    used = int(usable(ds, OK).sum()) - ex.get(f"{var}=inf", 0)
+    tail = sep + "left out: " + ", ".join(f"{v} {k}" for k, v in ex.items()) if ex else ""
+    return f"{used}/{ds.done.size} cells used (converged, finite {var}){tail}"
 
 
 def draw(ds: xr.Dataset, var: str, ylabel: str, sqrt_line: bool = False, x: str = "d"):
@@ -129,10 +129,10 @@ def figures(ds: xr.Dataset, out_dir: pathlib.Path, prefix: str = "") -> list[pat
     out_dir = pathlib.Path(out_dir)
     if "d" not in ds.dims:
         return []
-    sub = f"\nmean ± std (ddof=1) over seeds; {note(ds)}"
     paths = []
     for var, ylabel, title, stem, sqrt_line in FIGURES:
         fig, ax, _ = draw(ds, var, ylabel, sqrt_line)
+        sub = f"\nmean ± std (ddof=1) over seeds; {note(ds, var, sep=chr(10))}"
         paths.append(finish(fig, ax, out_dir / f"{prefix}{stem}.png", title + sub, fontsize=8))
     return paths
 
