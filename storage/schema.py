@@ -63,6 +63,6 @@ def encoding(ds: xr.Dataset) -> dict:
     enc = {}
     for name, var in ds.data_vars.items():
         enc[name] = {"chunks": tuple(c[0] for c in var.chunks)}
-        if np.dtype(var.dtype).kind == "f":
-            enc[name]["fill_value"] = np.nan
+        if np.dtype(var.dtype).kind in "fiu":  # unwritten chunks read as the template's fill (int: -1,
+            enc[name]["fill_value"] = fill_value(var.dtype)  # not zarr's default 0 = "running")
     return enc

@@ -184,6 +184,12 @@ def test_infinite_c_star_is_counted_not_averaged(fig1):
     assert nr.exclusions(ds) == {"pending": 1, "max_iters": 1, "dead": 1, "c_star=inf": 1}
 
 
+def test_unwritten_int_status_reads_as_fill_not_a_status(group):
+    ds = group("fig1a")[0]
+    assert int(ds.status.sel(alpha=PENDING[0], d=PENDING[1], seed=PENDING[2])) == -1
+    assert ds.status.attrs["ok_values"] == [1]
+
+
 def test_fig2a_mean_leaves_out_the_dead_net(group):
     ds = group("fig1a")[0]
     line = next(ln for ln in nr.lines(ds, "margin_frac") if ln.sel == {"alpha": 0.5})
