@@ -142,6 +142,23 @@ def p8_row(df) -> Row:
                "the '~ D - r within 10 % where reliable' half is not judged", float(worst))
 
 
+def p6_row(df) -> Row:
+    """mu(S_eps ∩ B_R) / R^(d-1) independent of R: exact values, rel. 1e-12 (as |Δ log| <= 1e-12).
+    The estimators' 4-SE half is the per-cell comparison with exact of P000-2 / P000-13."""
+    crit, thr = "exact mu / R^(d-1) independent of R", "max spread of log mu - (d-1) log R <= 1e-12"
+    if not {"R", "log_volume_exact", "d", "eps"} <= set(df) or df["R"].nunique() < 2:
+        return skipped("P000-6", crit, thr, "R is not a grid axis with >= 2 values")
+    sub = df[np.isfinite(df["log_volume_exact"])].copy()
+    sub["scaled"] = sub["log_volume_exact"] - (sub["d"] - 1) * np.log(sub["R"])
+    keys = [c for c in ("model", "d", "eps", "A", "domain", "label") if c in sub]
+    spread = sub.groupby(keys)["scaled"].agg(lambda v: v.max() - v.min()) if len(sub) else pd.Series([], dtype=float)
+    if spread.empty:
+        return skipped("P000-6", crit, thr)
+    worst = float(spread.max())
+    return Row(crit, "P000-6", f"max spread {_fmt(worst)} over {len(spread)} (d, eps)", thr, bool(worst <= 1e-12),
+               "", worst)
+
+
 def nullity_rows(df) -> list[Row]:
     rows = []
     has = {"model", "nullity"} <= set(df)
@@ -189,7 +206,7 @@ def acceptance(ds: xr.Dataset) -> list[Row]:
         _bound_row(ok, "P000-3", "bound (16) >= exact", "log_bound_eq16", "log_volume_exact"),
         _bound_row(ok, "P000-4", "corrected (17) >= exact where it holds", "log_bound_eq17_corrected",
                    "log_volume_exact"),
-        *se_rows(df), *p5_rows(df), p8_row(df), *nullity_rows(df), *p10_rows(df),
+        *se_rows(df), *p5_rows(df), p6_row(df), p8_row(df), *nullity_rows(df), *p10_rows(df),
         _bound_row(ok, "P000-14", "probability bounds >= estimated probabilities", "log_probability_bound",
                    "log_probability", " where the bound is defined"),
     ]

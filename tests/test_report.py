@@ -8,6 +8,7 @@ import math
 
 import matplotlib.image as mpimg
 import numpy as np
+import pandas as pd
 import pytest
 
 from analysis import nonrobust as nr
@@ -270,3 +271,14 @@ def test_acceptance_row(group, name, spec, prefix, passed, value):
 def test_forging_notes_the_paper_17_erratum(group):
     row = next(r for r in group("forging")[1] if r.spec_id == "P000-4")
     assert "below exact in 12 cells" in row.note
+
+
+@pytest.mark.parametrize("r2_offset,passed", [(0.0, True), (1e-6, False)])
+def test_p000_6_exact_volume_scales_as_r_to_the_d_minus_1(r2_offset, passed):
+    from analysis.acceptance_000 import p6_row
+
+    rows = [{"model": "linreg", "d": d, "eps": eps, "R": R, "status": 0.0,
+             "log_volume_exact": d * math.log(eps) + (d - 1) * math.log(R) + (r2_offset if R == 2.0 else 0.0)}
+            for d in (2, 3) for eps in (0.1, 0.3) for R in (1.0, 2.0)]
+    row = p6_row(pd.DataFrame(rows))
+    assert row.passed is passed and row.value == pytest.approx(r2_offset, abs=1e-13)
