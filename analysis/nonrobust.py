@@ -1,9 +1,16 @@
 """Paper 002 figures from a ``nonrobust`` store: Fig. 1 (c* vs d, with sqrt(d)) and Fig. 2
 (|I|/m and m - |I| vs d). One line per value of every other grid axis; mean ± sample std
-(ddof=1, spec A9) over seeds."""
+(ddof=1, spec A9) over seeds.
+
+Only usable cells enter a point: done and trained to the target (status 1 converged); dead,
+max-iteration, diverged and pending nets are left out and counted. An infinite c* of a converged
+net means "no flip below the search cap": it is left out of the mean too and counted apart, so
+one such seed never drops a whole (alpha, d) point. Each point says how many seeds it averages
+(legend n=lo-hi/N, and "n/N" beside every point that lacks seeds)."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import pathlib
 
@@ -15,46 +22,127 @@ import numpy as np  # noqa: E402
 import xarray as xr  # noqa: E402
 
 from analysis.common import finish  # noqa: E402
+from storage.query import usable  # noqa: E402
+from tasks.train import CONVERGED, STATUS_NAMES  # noqa: E402
+
+OK = (CONVERGED,)  # also right for stores made before the status variable carried ok_values
 
 
-def _lines(ds: xr.Dataset, var: str, x: str = "d"):
-    """Yield (label, x values, mean, std) for every combination of the non-x, non-seed dims."""
-    da = ds[var].where(ds.done).astype(float)
+@dataclasses.dataclass
+class Line:
+    """One plotted line: per x value the mean and std (ddof=1) over the usable seeds with a finite
+    value, how many seeds that is (``n``), how many usable seeds had an infinite value (``n_inf``,
+    left out) and how many seeds the grid has (``total``)."""
+
+    label: str
+    sel: dict
+    x: np.ndarray
+    mean: np.ndarray
+    std: np.ndarray
+    n: np.ndarray
+    n_inf: np.ndarray
+    total: int
+
+    @property
+    def n_label(self) -> str:
+        lo, hi = int(self.n.min()), int(self.n.max())
+        return f"n={lo}/{self.total}" if lo == hi else f"n={lo}-{hi}/{self.total}"
+
+
+def lines(ds: xr.Dataset, var: str, x: str = "d") -> list[Line]:
+    """The lines of a figure of ``var`` against ``x``, one per combination of the other grid dims."""
+    da = ds[var].where(usable(ds, OK)).astype(float).load()
+    inf = np.isinf(da)
+    finite = da.where(~inf)
     others = [dim for dim in ds.done.dims if dim not in (x, "seed")]
+    total = ds.sizes.get("seed", 1)
+    out = []
     for combo in itertools.product(*(ds[o].values for o in others)):
-        sel = da.sel(dict(zip(others, combo)))
-        mean = sel.mean("seed", skipna=True) if "seed" in sel.dims else sel
-        std = sel.std("seed", ddof=1, skipna=True) if "seed" in sel.dims and sel.sizes["seed"] > 1 else mean * 0
-        label = ", ".join(f"{o}={v}" for o, v in zip(others, combo)) or var
-        yield label, ds[x].values, mean.values, std.values
+        sel = dict(zip(others, combo))
+        one, one_inf = finite.sel(sel), inf.sel(sel)
+        if "seed" in one.dims:
+            n, n_inf = one.count("seed").values, one_inf.sum("seed").values
+            mean = one.mean("seed", skipna=True).values
+            std = one.std("seed", ddof=1, skipna=True).values if total > 1 else np.full(mean.shape, np.nan)
+        else:
+            n, n_inf, mean, std = one.notnull().values.astype(int), one_inf.values.astype(int), one.values, \
+                np.full(one.shape, np.nan)
+        label = ", ".join(f"{o}={v}" for o, v in sel.items()) or var
+        out.append(Line(label, sel, np.asarray(ds[x].values), mean, std, np.asarray(n), np.asarray(n_inf), total))
+    return out
 
 
-def _plot(ds, var, ylabel, title, path, sqrt_line=False, x="d"):
+def exclusions(ds: xr.Dataset, var: str = "c_star") -> dict[str, int]:
+    """Cells left out of the figures, by reason: pending, each non-converged status, ``var`` = inf."""
+    done = ds.done.values.astype(bool)
+    out = {"pending": int((~done).sum())}
+    if "status" in ds:
+        status = ds["status"].values
+        for code, name in STATUS_NAMES.items():
+            if code not in OK:
+                out[name] = int((done & (status == code)).sum())
+    if var in ds:
+        out[f"{var}=inf"] = int((usable(ds, OK).values & np.isinf(ds[var].values.astype(float))).sum())
+    return {k: v for k, v in out.items() if v}
+
+
+def note(ds: xr.Dataset, var: str = "c_star", sep: str = "; ") -> str:
+    """'20/24 cells used (converged, finite c_star); left out: 1 dead, 1 max_iters, 1 c_star=inf'."""
+    ex = exclusions(ds, var)
+    used = int(usable(ds, OK).sum()) - ex.get(f"{var}=inf", 0)
+    tail = sep + "left out: " + ", ".join(f"{v} {k}" for k, v in ex.items()) if ex else ""
+    return f"{used}/{ds.done.size} cells used (converged, finite {var}){tail}"
+
+
+def draw(ds: xr.Dataset, var: str, ylabel: str, sqrt_line: bool = False, x: str = "d"):
+    """The axes of one figure, not yet saved: returns (fig, ax, lines drawn)."""
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
-    for label, xs, mean, std in _lines(ds, var, x):
-        ok = np.isfinite(mean)
-        if ok.any():
-            ax.errorbar(xs[ok], mean[ok], yerr=np.nan_to_num(std[ok]), marker="o", ms=3, capsize=2, label=label)
+    drawn = lines(ds, var, x)
+    for line in drawn:
+        ok = np.isfinite(line.mean)
+        if not ok.any():
+            continue
+        xs = np.asarray(line.x, dtype=float)
+        cont = ax.errorbar(xs[ok], line.mean[ok], yerr=np.nan_to_num(line.std[ok]), marker="o", ms=3, capsize=2,
+                           label=f"{line.label} ({line.n_label})")
+        for xv, yv, n, k in zip(xs[ok], line.mean[ok], line.n[ok], line.n_inf[ok]):
+            if n < line.total:
+                text = f"{n}/{line.total}" + (f" ({k} inf)" if k else "")
+                ax.annotate(text, (xv, yv), textcoords="offset points", xytext=(4, 4), fontsize=6,
+                            color=cont.lines[0].get_color())
     if sqrt_line:
         xs = np.asarray(ds[x].values, dtype=float)
         ax.plot(xs, np.sqrt(xs), "k--", lw=1, label=r"$\sqrt{d}$")
     ax.set_xlabel(x)
     ax.set_ylabel(ylabel)
-    return finish(fig, ax, path, title, fontsize=10)
+    return fig, ax, drawn
+
+
+FIGURES = (  # (variable, y label, title, file stem, sqrt(d) line)
+    ("c_star", "minimal universal perturbation c*", "Paper 002 Fig. 1: c* vs d", "fig1_c_star", True),
+    ("margin_frac", "|I| / m (10% slack)", "Paper 002 Fig. 2a: samples on the margin", "fig2a_margin_frac", False),
+    ("n_off_margin", "m - |I|", "Paper 002 Fig. 2b: samples not on the margin", "fig2b_off_margin", False),
+)
 
 
 def figures(ds: xr.Dataset, out_dir: pathlib.Path, prefix: str = "") -> list[pathlib.Path]:
     out_dir = pathlib.Path(out_dir)
     if "d" not in ds.dims:
         return []
-    n = int(ds.done.sum())
-    tot = int(ds.done.size)
-    note = f" ({n}/{tot} cells done)" if n < tot else ""
-    return [
-        _plot(ds, "c_star", "minimal universal perturbation c*", "Paper 002 Fig. 1: c* vs d" + note,
-              out_dir / f"{prefix}fig1_c_star.png", sqrt_line=True),
-        _plot(ds, "margin_frac", "|I| / m (10% slack)", "Paper 002 Fig. 2a: samples on the margin" + note,
-              out_dir / f"{prefix}fig2a_margin_frac.png"),
-        _plot(ds, "n_off_margin", "m - |I|", "Paper 002 Fig. 2b: samples not on the margin" + note,
-              out_dir / f"{prefix}fig2b_off_margin.png"),
-    ]
+    paths = []
+    for var, ylabel, title, stem, sqrt_line in FIGURES:
+        fig, ax, _ = draw(ds, var, ylabel, sqrt_line)
+        sub = f"\nmean ± std (ddof=1) over seeds; {note(ds, var, sep=chr(10))}"
+        paths.append(finish(fig, ax, out_dir / f"{prefix}{stem}.png", title + sub, fontsize=8))
+    return paths
+
+
+def notes(ds: xr.Dataset) -> list[str]:
+    """Markdown for the report: seeds behind every Fig. 1 point and the cells left out."""
+    if "d" not in ds.dims:
+        return []
+    out = [note(ds) + ".", "", "| line | d | seeds used | c* = inf (left out) | c* mean ± std |", "|---|---|---|---|---|"]
+    for line in lines(ds, "c_star"):
+        for xv, m, s, n, k in zip(line.x, line.mean, line.std, line.n, line.n_inf):
+            out.append(f"| {line.label} | {xv} | {n}/{line.total} | {k} | {m:.4g} ± {s:.2g} |")
+    return out + [""]

@@ -44,6 +44,9 @@ class Var:
     description: str
     dtype: str = "float64"
     dims: tuple[str, ...] = ()
+    # For a status variable: the values that mark a usable cell (figures, summaries and acceptance
+    # tables keep done cells whose status is one of these); stored as the array attribute ``ok_values``.
+    ok: tuple[int, ...] = ()
 
 
 Cell = dict[str, Any]

@@ -43,7 +43,7 @@ def cmd_run(args) -> int:
             stats = run(cfg, store, force=args.force)
             all_stats.append(stats)
             print(f"\n== {cfg.experiment} / {cfg.name}")
-            print(summary(open_results(store, cfg.name), variables=cfg.exp.summary))
+            print(summary(open_results(store, cfg.name), variables=cfg.exp.summary, ok=ok_status(cfg.exp)))
             print(f"store: {os.path.abspath(store)}  group: {cfg.name}")
             print("cells: {total} total, {done_before} done before, {written} written now, {refused_done} refused "
                   "(already done), {bundles} bundles, {wall_s:.1f} s".format(**stats))
@@ -107,6 +107,12 @@ def cmd_status(args) -> int:
     return 0
 
 
+def ok_status(exp) -> tuple | None:
+    """The declared usable status values (also for stores made before they were stored as attrs)."""
+    var = exp.variables.get("status")
+    return var.ok if var is not None and var.ok else None
+
+
 def cmd_show(args) -> int:
     from storage.query import groups, open_results, provenance, summary
 
@@ -118,8 +124,8 @@ def cmd_show(args) -> int:
         exp_name = ds.attrs.get("kktlab_experiment")
         from flows import experiments
 
-        shown = experiments.get(exp_name).summary if exp_name in experiments.names() else ()
-        print(summary(ds, variables=shown))
+        exp = experiments.get(exp_name) if exp_name in experiments.names() else None
+        print(summary(ds, variables=exp.summary if exp else (), ok=ok_status(exp) if exp else None))
     return 0
 
 
@@ -139,7 +145,7 @@ def cmd_experiments(args) -> int:
 def cmd_report(args) -> int:
     from kktlab.report import report
 
-    paths = report(args.store, args.out)
+    paths = report(args.store, args.out, echo=print)
     for p in paths:
         print(p)
     return 0

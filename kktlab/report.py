@@ -1,34 +1,59 @@
-"""``kktlab report STORE --out DIR``: every paper figure a store can draw, as PNG + index.md."""
+"""``kktlab report STORE --out DIR``: every paper figure a store can draw, as PNG + index.md, and
+the acceptance table of every paper claim the store has data for (also echoed to the terminal)."""
 
 from __future__ import annotations
 
 import importlib
 import pathlib
+from typing import Callable
 
-from storage.query import groups, open_results, provenance, status
+from analysis import acceptance as acc
+from storage.query import groups, load_scalars, open_results, provenance, status
 
-# experiment -> module in analysis/ with ``figures(ds, out_dir, prefix) -> [paths]``
+# experiment -> module in analysis/ with ``figures(ds, out_dir, prefix) -> [paths]`` (and optionally
+# ``notes(ds) -> [markdown lines]``: seeds per point, cells left out)
 FIGURES = {"nonrobust": "analysis.nonrobust", "forging": "analysis.forging", "forging_sgd": "analysis.forging_sgd"}
+# experiment -> module in analysis/ with ``acceptance(ds) -> [analysis.acceptance.Row]``
+ACCEPTANCE = {"nonrobust": "analysis.acceptance_002", "forging": "analysis.acceptance_000"}
 
 
-def report(store: str | pathlib.Path, out: str | pathlib.Path) -> list[pathlib.Path]:
+def acceptance_rows(ds) -> list[acc.Row]:
+    """The acceptance rows of one experiment group ([] when none are registered)."""
+    exp = ds.attrs.get("kktlab_experiment", "?")
+    return importlib.import_module(ACCEPTANCE[exp]).acceptance(ds) if exp in ACCEPTANCE else []
+
+
+def report(store: str | pathlib.Path, out: str | pathlib.Path,
+           echo: Callable[[str], None] | None = None) -> list[pathlib.Path]:
+    """Draw every figure of every group of ``store`` into ``out``, write ``out/index.md`` with the
+    figures, seed counts and acceptance tables; ``echo`` (e.g. ``print``) gets the tables as text."""
     out = pathlib.Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    echo = echo or (lambda line: None)
     paths: list[pathlib.Path] = []
     lines = [f"# kktlab report for `{store}`", ""]
     done = {r["group"]: r for r in status(store)}
     for g in groups(store):
-        ds = open_results(store, g)
+        ds = load_scalars(open_results(store, g))
         exp = ds.attrs.get("kktlab_experiment", "?")
         prov = provenance(ds)
         lines += [f"## {g} ({exp})", "",
                   f"cells done {done[g]['done']}/{done[g]['total']}, git {prov.get('git_commit')}, "
                   f"device {prov.get('device')}, created {prov.get('created')}", ""]
+        rows = acceptance_rows(ds)
+        if rows:
+            lines += ["### Acceptance", "", acc.markdown(rows), ""]
+            echo(f"== {g} ({exp}): acceptance")
+            echo(acc.text(rows))
         if exp not in FIGURES:
             lines += ["(no figures registered for this experiment)", ""]
             continue
         module = importlib.import_module(FIGURES[exp])
         figs = module.figures(ds, out, prefix=f"{g}_")
+        notes = module.notes(ds) if hasattr(module, "notes") else []
+        if notes:
+            lines += ["### Seeds per point", "", *notes]
+            echo(f"== {g} ({exp}): {notes[0]}")
         for f in figs:
             lines.append(f"![{f.stem}]({f.name})")
         lines.append("")

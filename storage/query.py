@@ -51,21 +51,57 @@ def status(path: str | pathlib.Path) -> list[dict]:
     return out
 
 
-def summary(ds: xr.Dataset, over: str = "seed", max_rows: int = 40, variables: tuple = ()) -> str:
-    """A text table: scalar variables averaged over ``over`` (when it is a dim), done cells only."""
+def load_scalars(ds: xr.Dataset) -> xr.Dataset:
+    """The variables with exactly the grid dims (one number per cell), read into memory at once:
+    figures and acceptance tables need only these, and many small lazy reads are slow."""
+    names = [v for v in ds.data_vars if ds[v].dims == ds[schema.DONE].dims]
+    return ds[names].load()
+
+
+def usable(ds: xr.Dataset, ok: tuple | None = None) -> xr.DataArray:
+    """Cells fit for figures, summaries and acceptance tables: done, and, where the group has a
+    ``status`` variable, a status among ``ok`` (default: the variable's ``ok_values`` attribute,
+    from its declaration; e.g. nonrobust: 1 converged). An unwritten int status holds the fill -1,
+    which is never ok."""
+    mask = ds[schema.DONE].astype(bool)
+    if schema.STATUS in ds:
+        ok = tuple(ds[schema.STATUS].attrs.get("ok_values", ())) if ok is None else tuple(ok)
+        if ok:
+            mask = mask & ds[schema.STATUS].isin(list(ok))
+    return mask
+
+
+def summary_frame(ds: xr.Dataset, over: str = "seed", variables: tuple = (), ok: tuple | None = None):
+    """Scalar variables averaged over ``over`` (when it is a dim) on the usable cells only (see
+    :func:`usable`; ``ok`` overrides the status values kept), as a pandas DataFrame. ``n_used``
+    counts the cells each row averages; infinite values are left out of the means and counted in
+    ``<var>_n_inf`` (only for variables that have any)."""
     scalars = [v for v in ds.data_vars if v != schema.DONE and ds[v].dims == ds[schema.DONE].dims
                and np.dtype(ds[v].dtype).kind in "fiub" and (not variables or v in variables)]
-    sub = ds[scalars].where(ds[schema.DONE])
+    mask = usable(ds, ok).load()
+    sub = ds[scalars].where(mask).load()
     sub["done_frac"] = ds[schema.DONE].astype(float)
-    sub = sub.load()
+    sub["n_used"] = mask.astype(int)
+    for v in scalars:
+        inf = np.isinf(sub[v]) if sub[v].dtype.kind == "f" else None
+        if inf is not None and bool(inf.any()):
+            sub[f"{v}_n_inf"] = inf.astype(int)
+            sub[v] = sub[v].where(~inf)
     if over in sub.dims:
-        sub = sub.mean(over, skipna=True)
-    df = sub.to_dataframe() if sub.sizes else sub.to_pandas().to_frame("mean").T
+        counts = [c for c in sub.data_vars if c == "n_used" or c.endswith("_n_inf")]
+        sub = sub.drop_vars(counts).mean(over, skipna=True).merge(sub[counts].sum(over))
+    return sub.to_dataframe() if sub.sizes else sub.to_pandas().to_frame("mean").T
+
+
+def summary(ds: xr.Dataset, over: str = "seed", max_rows: int = 40, variables: tuple = (),
+            ok: tuple | None = None) -> str:
+    """:func:`summary_frame` as a text table of at most ``max_rows`` rows."""
+    df = summary_frame(ds, over, variables, ok)
     if len(df) > max_rows:
         df = df.head(max_rows)
     import pandas as pd
 
-    with pd.option_context("display.width", 200, "display.max_columns", 12, "display.precision", 4):
+    with pd.option_context("display.width", 200, "display.max_columns", 14, "display.precision", 4):
         return df.to_string()
 
 

@@ -15,6 +15,7 @@ import xarray as xr
 from core.declare import Experiment
 
 DONE = "done"
+STATUS = "status"  # the variable whose ``ok_values`` attribute says which cells are usable
 
 
 def coord_values(values: list) -> np.ndarray:
@@ -46,7 +47,10 @@ def template(exp: Experiment, grid: dict[str, list], extra_sizes: dict[str, int]
         chunks = (1,) * len(dims) + tuple(extra_sizes[x] for x in var.dims)
         dt = np.dtype(var.dtype)
         arr = da.full(vshape, fill_value(dt), dtype=dt, chunks=chunks)
-        data_vars[name] = xr.Variable(vdims, arr, attrs={"units": var.units, "description": var.description})
+        attrs = {"units": var.units, "description": var.description}
+        if var.ok:
+            attrs["ok_values"] = [int(v) for v in var.ok]
+        data_vars[name] = xr.Variable(vdims, arr, attrs=attrs)
     data_vars[DONE] = xr.Variable(
         dims, da.zeros(shape, dtype=bool, chunks=(1,) * len(dims)),
         attrs={"units": "1", "description": "True once every variable of the cell is written"},
@@ -59,6 +63,6 @@ def encoding(ds: xr.Dataset) -> dict:
     enc = {}
     for name, var in ds.data_vars.items():
         enc[name] = {"chunks": tuple(c[0] for c in var.chunks)}
-        if np.dtype(var.dtype).kind == "f":
-            enc[name]["fill_value"] = np.nan
+        if np.dtype(var.dtype).kind in "fiu":  # unwritten chunks read as the template's fill (int: -1,
+            enc[name]["fill_value"] = fill_value(var.dtype)  # not zarr's default 0 = "running")
     return enc

@@ -99,7 +99,7 @@ V = {
                               "B_R(x*); cylinder / gaussian: the ball about 0 containing D2; NaN on the slab)"),
     "status": Var("1", "0 ok, 1 unbounded (ReLU, eps >= ||∇f(x*)||, P000-10), 2 subset simulation or nested "
                   "sampling stalled (eps below min of the mismatch on the domain), 3 estimate flagged unreliable "
-                  "by its estimator (log_volume, its stderr and log_probability NaN; see log_volume_unreliable)"),
+                  "by its estimator (log_volume, its stderr and log_probability NaN; see log_volume_unreliable)", ok=(0,)),
     "reliable": Var("1", "1 if the estimator trusts its estimate and stated stderr, 0 if it flags it unreliable "
                     "(subset_importance: Pareto k-hat > 0.7); such a cell is kept out of figures and summaries"),
     "log_volume_unreliable": Var("log(volume)", "the raw log_volume of an estimate flagged unreliable (status 3), "
