@@ -29,7 +29,7 @@ run: install
 	$(BIN)/kktlab run $(CONFIG)
 
 test: install
-	$(BIN)/python -m pytest -q -ra $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -ra --durations=15 $(PYTEST_ARGS)
 
 test-fast: install
 	$(BIN)/python -m pytest -q -ra -m "not slow and not requires_services" $(PYTEST_ARGS)

@@ -97,3 +97,15 @@ def linreg():
         return model, make_target(model, A, gen)
 
     return _linreg
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One torch thread for a module of tiny kernels (faster than two threads on a busy 2-core box,
+    and what a Dask worker uses); the old setting comes back afterwards."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

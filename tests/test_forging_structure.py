@@ -104,18 +104,25 @@ def test_P000_11_rank_facts_one_layer_more_params(name, d, width):
     assert L > 0 and math.isfinite(L)
 
 
-def test_P000_12_batch_nullity_and_whole_batch():
-    """P000-12 (§5): nullity of the n × md block row is in [md - n, md - 1] when md >= n; replacing
-    all B points equals the m = B forging set (identical membership on 1e4 random batches)."""
-    gen = torch.Generator().manual_seed(0)
+@pytest.mark.parametrize("m,B", [(1, 4), (2, 4), (3, 4)])
+def test_P000_12_batch_nullity(m, B):
+    """P000-12 (§5): nullity of the n × md block row is in [md - n, md - 1] when md >= n."""
+    gen = torch.Generator().manual_seed(m)
     model = make_model("linreg", 2, 0, gen)  # n = 2 parameters, D = 3
     xs = make_target(model, 1.0, gen)
-    for m, B in [(1, 4), (2, 4), (3, 4)]:
-        M = batch_mixed_hessian(model.loss, model.w, xs.expand(m, 3) + 0.1 * torch.randn(m, 3, dtype=torch.float64,
-                                                                                         generator=gen), B)
-        r, _ = nullity(M)
-        md, n = 3 * m, model.n_params
-        assert M.shape == (n, md) and md - n <= r <= md - 1
+    M = batch_mixed_hessian(model.loss, model.w, xs.expand(m, 3) + 0.1 * torch.randn(m, 3, dtype=torch.float64,
+                                                                                     generator=gen), B)
+    r, _ = nullity(M)
+    md, n = 3 * m, model.n_params
+    assert M.shape == (n, md) and md - n <= r <= md - 1
+
+
+def test_P000_12_whole_batch():
+    """P000-12 (§5): replacing all B points equals the m = B forging set (identical membership on
+    1e4 random batches)."""
+    gen = torch.Generator().manual_seed(0)
+    model = make_model("linreg", 2, 0, gen)
+    xs = make_target(model, 1.0, gen)
     B = 4
     Xt = xs + torch.randn(10_000, B, 3, dtype=torch.float64, generator=gen)
     eps = 0.5

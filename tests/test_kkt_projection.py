@@ -17,12 +17,7 @@ from tasks.kkt.multipliers import span_projected
 SCHED = train.Schedule(lr0=1e-2, period=10, target_loss=1e-8, max_iters=8000)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @functools.cache
