@@ -133,8 +133,8 @@ def kept(alpha, d):
 
 PNGS = [f"{g}_{stem}.png" for g in ("fig1a", "good", "widthgap") for stem in
         ("fig1_c_star", "fig2a_margin_frac", "fig2b_off_margin")] + \
-    ["forging_forging_volume_estimator-exact.png", "forging_forging_volume_estimator-naive_mc.png",
-     "paper000_fig1_trajectory.png"]
+    ["forging_forging_volume_estimator-exact.png", "forging_forging_volume_estimator-naive_mc.png"]
+# (paper 000 Fig. 1 comes from a forging_sgd store, tests/test_forging_experiment.py, not from a forging store)
 
 
 def test_report_writes_exactly_the_expected_files(built):
