@@ -43,7 +43,7 @@ def cmd_run(args) -> int:
             stats = run(cfg, store, force=args.force)
             all_stats.append(stats)
             print(f"\n== {cfg.experiment} / {cfg.name}")
-            print(summary(open_results(store, cfg.name), variables=cfg.exp.summary, ok=ok_status(cfg.exp)))
+            print(summary(open_results(store, cfg.name), variables=cfg.exp.summary))
             print(f"store: {os.path.abspath(store)}  group: {cfg.name}")
             print("cells: {total} total, {done_before} done before, {written} written now, {refused_done} refused "
                   "(already done), {bundles} bundles, {wall_s:.1f} s".format(**stats))
@@ -107,12 +107,6 @@ def cmd_status(args) -> int:
     return 0
 
 
-def ok_status(exp) -> tuple | None:
-    """The declared usable status values (also for stores made before they were stored as attrs)."""
-    var = exp.variables.get("status")
-    return var.ok if var is not None and var.ok else None
-
-
 def cmd_show(args) -> int:
     from storage.query import groups, open_results, provenance, summary
 
@@ -125,7 +119,7 @@ def cmd_show(args) -> int:
         from flows import experiments
 
         exp = experiments.get(exp_name) if exp_name in experiments.names() else None
-        print(summary(ds, variables=exp.summary if exp else (), ok=ok_status(exp) if exp else None))
+        print(summary(ds, variables=exp.summary if exp else ()))
     return 0
 
 

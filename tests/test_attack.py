@@ -150,8 +150,9 @@ def test_robust_net_of_theorem_3_1():
     d, m = 200, 8
     g = data.seed_streams(3, (d, m))
     X, y = data.synthetic("sphere", m, d, g)
-    net, rho = nets.robust_net(X, y)
     Xs, ys = X.unsqueeze(0), y.unsqueeze(0)
+    net, rho = nets.robust_net(Xs, ys)
+    rho = float(rho[0])
     H = net.pre(Xs)[0]
     torch.testing.assert_close(torch.diagonal(H), torch.ones(m, dtype=torch.float64), rtol=0, atol=1e-9)
     off = H - torch.diag(torch.diagonal(H)) - 10 * torch.eye(m, dtype=torch.float64)

@@ -6,9 +6,6 @@ import math
 
 import torch
 
-from tasks.nets.two_layer import TwoLayer
-
-
 def log_loss_terms(q: torch.Tensor, loss: str) -> tuple[torch.Tensor, torch.Tensor]:
     """``(log ℓ(q), log |ℓ'(q)|)`` elementwise, stable for any q (spec 002 §2.2)."""
     if loss == "exp":
@@ -19,12 +16,6 @@ def log_loss_terms(q: torch.Tensor, loss: str) -> tuple[torch.Tensor, torch.Tens
         log_l = torch.where(big, -q - 0.5 * torch.exp(-q), torch.log(torch.nn.functional.softplus(-safe)))
         return log_l, -torch.nn.functional.softplus(q)
     raise ValueError(f"unknown loss {loss!r}; allowed: 'exp', 'logistic'")
-
-
-def data_log_loss(net: TwoLayer, X: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, loss: str) -> torch.Tensor:
-    """Full-data log loss with mean reduction over the valid samples, (E,) float64."""
-    return mean_log_loss(y * net(X), mask, loss)
-
 
 def mean_log_loss(q: torch.Tensor, mask: torch.Tensor, loss: str) -> torch.Tensor:
     """log of the mean loss over the valid samples from their margins q (E,n): (E,) float64."""

@@ -79,19 +79,23 @@ def stack(nets: list[TwoLayer]) -> TwoLayer:
     )
 
 
-def robust_net(X: torch.Tensor, y: torch.Tensor, rho: float | None = None) -> tuple[TwoLayer, float]:
-    """The √d-robust net of Theorem 3.1 (spec 002 §2.10) for one dataset X (m,d), y (m,).
+def robust_net(X: torch.Tensor, y: torch.Tensor, mask: torch.Tensor | None = None,
+               d: torch.Tensor | None = None) -> tuple[TwoLayer, torch.Tensor]:
+    """The √d-robust nets of Theorem 3.1 (spec 002 §2.10), one per dataset of a stack:
+    X (E,m,d), y (E,m), ``mask`` (E,m) the real samples, ``d`` (E,) each net's true dimension
+    (default X.shape[2]; zero-padded features are never used).
 
-    ``v_j = y_j``, ``w_j = 2 x_j / (d(1-ρ))``, ``b_j = -(1+ρ)/(1-ρ)``; width m. ρ defaults to
-    ``max_{i≠j} |<x_i,x_j>| / d``. Returns the net (E = 1) and ρ.
+    ``v_j = y_j``, ``w_j = 2 x_j / (d(1-ρ))``, ``b_j = -(1+ρ)/(1-ρ)``; width m, one neuron per
+    sample (padded samples give all-zero neurons); ``ρ = max_{i≠j} |<x_i,x_j>| / d``. Returns the
+    nets and ρ (E,); Theorem 3.1 holds only where 0 <= ρ < 1 (the caller checks).
     """
-    m, d = X.shape
-    if rho is None:
-        G = X @ X.T
-        G.fill_diagonal_(0)
-        rho = float(G.abs().max()) / d if m > 1 else 0.0
-    if not 0 <= rho < 1:
-        raise ValueError(f"rho must be in [0, 1) for Theorem 3.1, got {rho}")
-    W = (2 * X / (d * (1 - rho))).unsqueeze(0)
-    b = torch.full((1, m), -(1 + rho) / (1 - rho), dtype=X.dtype, device=X.device)
-    return TwoLayer(W, b, y.to(X.dtype).unsqueeze(0).clone()), rho
+    E, m, d_pad = X.shape
+    mask = torch.ones(E, m, dtype=torch.bool, device=X.device) if mask is None else mask
+    d = torch.full((E,), float(d_pad), dtype=X.dtype, device=X.device) if d is None else d.to(X.device, X.dtype)
+    pair = mask.unsqueeze(1) & mask.unsqueeze(2) & ~torch.eye(m, dtype=torch.bool, device=X.device)
+    G = torch.bmm(X, X.transpose(1, 2)).abs().masked_fill(~pair, 0)
+    rho = G.amax((1, 2)) / d
+    keep = mask.to(X.dtype)
+    W = 2 * X * (keep / (d * (1 - rho)).unsqueeze(1)).unsqueeze(-1)  # (E,m,d)
+    b = (-(1 + rho) / (1 - rho)).unsqueeze(1) * keep
+    return TwoLayer(W, b, y.to(X.dtype) * keep), rho
