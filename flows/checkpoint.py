@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import pathlib
+import time
+from typing import Callable
 
 import torch
 
@@ -29,14 +31,43 @@ def save(path: str, st: train.TrainState, generators: list[torch.Generator]) -> 
     os.replace(tmp, path)
 
 
-def load(path: str, device, dtype, generators: list[torch.Generator]) -> train.TrainState | None:
-    """The saved state (generators restored in place), or None if there is no checkpoint."""
+def load(path: str, device, dtype, generators: list[torch.Generator],
+         check: Callable[[train.TrainState], None] | None = None) -> train.TrainState | None:
+    """The saved state (generators restored in place), or None if there is no usable checkpoint.
+
+    A file that cannot be read with ``weights_only=True`` (garbage, a pickle with code, a state
+    of other shapes) or whose state fails ``check`` (e.g. a net marked converged whose loss is
+    above the target) is never retried: it is moved aside as ``<file>.bad-<time>`` with a
+    warning that names it, and the bundle starts from scratch (issue 12 item 7)."""
     if not os.path.exists(path):
         return None
-    payload = torch.load(path, map_location="cpu", weights_only=True)
-    for g, s in zip(generators, payload.pop("generators")):
-        g.set_state(s.clone().contiguous())
-    return train.state_from_dict(payload, device, dtype)
+    saved = [g.get_state() for g in generators]
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+        if not isinstance(payload, dict):
+            raise ValueError(f"holds a {type(payload).__name__}, not a training state")
+        states = payload.pop("generators")
+        if len(states) != len(generators):
+            raise ValueError(f"has {len(states)} generator states for a bundle of {len(generators)}")
+        for g, s in zip(generators, states):
+            g.set_state(s.clone().contiguous())
+        st = train.state_from_dict(payload, device, dtype)
+        if check is not None:
+            check(st)
+        return st
+    except Exception as err:  # noqa: BLE001 - whatever is wrong with the file, it is not used
+        for g, s in zip(generators, saved):
+            g.set_state(s)
+        quarantine(path, f"{type(err).__name__}: {str(err).splitlines()[0][:300] if str(err) else ''}")
+        return None
+
+
+def quarantine(path: str, why: str) -> str:
+    bad = f"{path}.bad-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+    os.replace(path, bad)
+    print(f"[kktlab] warning: checkpoint {path} is unusable ({why}); moved to {bad}, "
+          "the bundle restarts from scratch", flush=True)
+    return bad
 
 
 def remove(path: str | None) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 
 from core.errors import UserError
@@ -37,20 +38,46 @@ def cmd_run(args) -> int:
     for cfg, store in zip(cfgs, stores):
         open_store(cfg, store, cfg.runner["device"])
     all_stats = []
-    with runtime.prefect_api():
-        for cfg, store in zip(cfgs, stores):
-            print(f"[kktlab] {cfg.experiment} '{cfg.name}': {len(cfg.cells())} cells -> {store}", file=sys.stderr)
-            stats = run(cfg, store, force=args.force)
-            all_stats.append(stats)
-            print(f"\n== {cfg.experiment} / {cfg.name}")
-            print(summary(open_results(store, cfg.name), variables=cfg.exp.summary))
-            print(f"store: {os.path.abspath(store)}  group: {cfg.name}")
-            print("cells: {total} total, {done_before} done before, {written} written now, {refused_done} refused "
-                  "(already done), {bundles} bundles, {wall_s:.1f} s".format(**stats))
+    try:
+        with runtime.prefect_api():  # stopped on the way out, whatever happens (SIGTERM included)
+            for cfg, store in zip(cfgs, stores):
+                print(f"[kktlab] {cfg.experiment} '{cfg.name}': {len(cfg.cells())} cells -> {store}",
+                      file=sys.stderr)
+                stats = run(cfg, store, force=args.force, retry_failed=args.retry_failed)
+                all_stats.append(stats)
+                print(f"\n== {cfg.experiment} / {cfg.name}")
+                print(summary(open_results(store, cfg.name), variables=cfg.exp.summary))
+                print(f"store: {os.path.abspath(store)}  group: {cfg.name}")
+                print("cells: {total} total, {done_before} done before, {written} written now ({from_cache} of "
+                      "them from the result cache), {failed} failed, {refused_done} refused (already done), "
+                      "{bundles} bundles, {wall_s:.1f} s".format(**stats))
+                for line in stats["failures"]:
+                    print(f"  failed: {line}")
+    except KeyboardInterrupt:
+        _say_how_far(cfgs, stores)
+        raise
     if args.json:
         with open(args.json, "w") as f:
             json.dump(all_stats[0] if len(all_stats) == 1 else all_stats, f, indent=2, default=str)
+    n_failed = sum(st["failed"] for st in all_stats)
+    if n_failed:
+        print(f"kktlab: {n_failed} cells failed (their errors are above and in `kktlab status`); "
+              "rerun with --retry-failed to compute them again", file=sys.stderr)
+        return 3
     return 0
+
+
+def _say_how_far(cfgs, stores) -> None:
+    """After an interrupt: cells stored per config, and how to go on."""
+    from storage.query import status
+
+    for cfg, store in zip(cfgs, stores):
+        try:
+            row = next((r for r in status(store) if r["group"] == cfg.name), None)
+        except Exception:  # noqa: BLE001 - a store not created yet
+            row = None
+        got = f"{row['done']}/{row['total']} cells stored" if row else "no cells stored"
+        print(f"kktlab: interrupted: {cfg.name}: {got} in {store}; the same command resumes", file=sys.stderr)
 
 
 def cmd_submit(args) -> int:
@@ -103,7 +130,10 @@ def cmd_status(args) -> int:
     rows = status(args.store)
     for r in rows:
         pct = 100 * r["done"] / r["total"] if r["total"] else 100
-        print(f"{r['group']:<24} {r['experiment']:<12} {r['done']:>7}/{r['total']:<7} ({pct:.0f}%)")
+        failed = f"  {r['failed']} failed" if r["failed"] else ""
+        print(f"{r['group']:<24} {r['experiment']:<12} {r['done']:>7}/{r['total']:<7} ({pct:.0f}%){failed}")
+        for cell, err in list(r["failures"].items())[:10]:
+            print(f"    failed {cell}: {err}")
     return 0
 
 
@@ -155,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--workers", type=int, help="local Dask worker processes")
     r.add_argument("--device", choices=("auto", "cpu", "cuda"))
     r.add_argument("--force", action="store_true", help="recompute and overwrite done cells")
+    r.add_argument("--retry-failed", action="store_true", help="compute cells stored as failed again")
     r.add_argument("--json", help="write the run's statistics to this JSON file")
     r.set_defaults(fn=cmd_run)
     s = sub.add_parser("submit", help="queue a config's sweep on a Prefect server (served mode)")
@@ -181,11 +212,22 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--out", required=True)
     s.set_defaults(fn=cmd_report)
     args = ap.parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminate)
     try:
         return args.fn(args)
     except UserError as err:
         print(f"kktlab: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("kktlab: stopped by a signal; the Prefect server and Dask cluster it started are shut down",
+              file=sys.stderr)
+        return 130
+
+
+def _terminate(signum, frame):
+    """SIGTERM unwinds like Ctrl-C: servers and clusters started by this process are stopped by
+    their context managers (issue 12 item 8)."""
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 if __name__ == "__main__":

@@ -46,8 +46,10 @@ def status(path: str | pathlib.Path) -> list[dict]:
         if schema.DONE not in g:  # the group is being created right now
             continue
         done = np.asarray(g[schema.DONE][...], dtype=bool)
+        failed = np.asarray(g[schema.FAILED][...], dtype=bool) if schema.FAILED in g else np.zeros_like(done)
         out.append({"group": name, "experiment": g.attrs.get("kktlab_experiment", "?"),
-                    "done": int(done.sum()), "total": int(done.size)})
+                    "done": int(done.sum()), "total": int(done.size), "failed": int((failed & done).sum()),
+                    "failures": dict(g.attrs.get(schema.FAILURES, {}))})
     return out
 
 
@@ -62,8 +64,10 @@ def usable(ds: xr.Dataset, ok: tuple | None = None) -> xr.DataArray:
     """Cells fit for figures, summaries and acceptance tables: done, and, where the group has a
     ``status`` variable, a status among ``ok`` (default: the variable's ``ok_values`` attribute,
     from its declaration; e.g. nonrobust: 1 converged). An unwritten int status holds the fill -1,
-    which is never ok."""
+    which is never ok. Failed cells (their computation raised) are never usable."""
     mask = ds[schema.DONE].astype(bool)
+    if schema.FAILED in ds:
+        mask = mask & ~ds[schema.FAILED].astype(bool)
     if schema.STATUS in ds:
         ok = tuple(ds[schema.STATUS].attrs.get("ok_values", ())) if ok is None else tuple(ok)
         if ok:
@@ -76,7 +80,8 @@ def summary_frame(ds: xr.Dataset, over: str = "seed", variables: tuple = (), ok:
     :func:`usable`; ``ok`` overrides the status values kept), as a pandas DataFrame. ``n_used``
     counts the cells each row averages; infinite values are left out of the means and counted in
     ``<var>_n_inf`` (only for variables that have any)."""
-    scalars = [v for v in ds.data_vars if v != schema.DONE and ds[v].dims == ds[schema.DONE].dims
+    scalars = [v for v in ds.data_vars if v not in (schema.DONE, schema.FAILED)
+               and ds[v].dims == ds[schema.DONE].dims
                and np.dtype(ds[v].dtype).kind in "fiub" and (not variables or v in variables)]
     mask = usable(ds, ok).load()
     sub = ds[scalars].where(mask).load()

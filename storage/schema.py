@@ -3,7 +3,9 @@
 Every grid axis becomes a dim with its values as coords. Each variable has the grid dims
 followed by its own extra dims (e.g. ``sample``); its chunks are 1 along every grid dim and
 whole along the extra dims, so each cell owns its chunks and two writers never share one.
-A boolean ``done`` variable marks finished cells.
+A boolean ``done`` variable marks finished cells, and ``failed`` the done cells whose computation
+raised (their variables keep the fill value; the error text is in the group attribute
+``kktlab_failures``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import xarray as xr
 from core.declare import Experiment
 
 DONE = "done"
+FAILED = "failed"  # the cell's computation raised; its error text is in the group attr FAILURES
+FAILURES = "kktlab_failures"
 STATUS = "status"  # the variable whose ``ok_values`` attribute says which cells are usable
 
 
@@ -54,6 +58,11 @@ def template(exp: Experiment, grid: dict[str, list], extra_sizes: dict[str, int]
     data_vars[DONE] = xr.Variable(
         dims, da.zeros(shape, dtype=bool, chunks=(1,) * len(dims)),
         attrs={"units": "1", "description": "True once every variable of the cell is written"},
+    )
+    data_vars[FAILED] = xr.Variable(
+        dims, da.zeros(shape, dtype=bool, chunks=(1,) * len(dims)),
+        attrs={"units": "1", "description": "True if computing the cell raised (group attr kktlab_failures "
+                                            "has the error); its variables hold the fill value"},
     )
     coords = {k: coord_values(v) for k, v in grid.items()}
     return xr.Dataset(data_vars, coords=coords)

@@ -12,8 +12,10 @@ from __future__ import annotations
 import datetime
 import itertools
 import json
+import os
 import pathlib
 import platform
+import shutil
 import subprocess
 import warnings
 
@@ -86,11 +88,22 @@ class Store:
             return self._create_locked(exp, grid, ident, config_text, extra_sizes, device)
 
     def _create_locked(self, exp, grid, ident, config_text, extra_sizes, device) -> "Store":
+        """Under the store's lock. The group is built whole in ``<store>.partial/`` and renamed into
+        place (as is the root, for a new store), so a kill at any moment leaves either no group or
+        a complete one: never a group without ``done`` or without its identity (issue 12 item 4).
+        Leftovers of a killed creation are removed first."""
         gpath = self.path / self.group_name
         if (gpath / "zarr.json").exists():
             self.check_identity(ident)
             return self
-        zarr.open_group(str(self.path), mode="a", zarr_format=3)  # the root group, if new
+        partial = pathlib.Path(str(self.path) + ".partial")
+        if partial.exists():
+            shutil.rmtree(partial)  # a creation killed before its rename: nothing else reads it
+        if gpath.exists():  # a group directory without metadata: made by a pre-atomic kktlab, or by hand
+            if any(p.name == "zarr.json" for p in gpath.rglob("zarr.json")):
+                raise StoreError(f"group '{self.group_name}' of {self.path} has arrays but no group metadata "
+                                 f"(damaged); move {gpath} away or use another --store")
+            shutil.rmtree(gpath)
         ds = schema.template(exp, grid, extra_sizes)
         ds.attrs.update({
             "kktlab_identity": json.dumps(ident, sort_keys=True, default=str),
@@ -103,8 +116,18 @@ class Store:
             "host": platform.node(),
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         })
-        ds.to_zarr(str(self.path), group=self.group_name, mode="w-", compute=False,
+        new_root = not (self.path / "zarr.json").exists()
+        root = partial / "root"
+        zarr.open_group(str(root), mode="w", zarr_format=3)
+        ds.to_zarr(str(root), group=self.group_name, mode="w-", compute=False,
                    encoding=schema.encoding(ds), zarr_format=3, consolidated=False)
+        if new_root:  # the whole store appears at once
+            if self.path.exists():
+                self.path.rmdir()  # an empty directory (checked by open_or_create)
+            os.replace(root, self.path)
+        else:
+            os.replace(root / self.group_name, gpath)
+        shutil.rmtree(partial)
         return self
 
     def check_identity(self, ident: dict) -> None:
@@ -136,12 +159,13 @@ class Store:
         return np.asarray(self.group()[schema.DONE][...], dtype=bool)
 
     # --- writing --------------------------------------------------------------------------
-    def write_cell(self, index: tuple[int, ...], values: dict, *, force: bool = False) -> bool:
+    def write_cell(self, index: tuple[int, ...], values: dict, *, force: bool = False,
+                   replace_failed: bool = False) -> bool:
         """Write one cell's variables, then mark it done. Returns False (writes nothing) if the
-        cell is already done and ``force`` is not set: stored results are never overwritten
-        silently."""
+        cell is already done and neither ``force`` is set nor (``replace_failed``) it is a failed
+        cell: stored results are never overwritten silently."""
         done = self._array(schema.DONE)
-        if bool(done[index]) and not force:
+        if bool(done[index]) and not force and not (replace_failed and self._is_failed(index)):
             return False
         for name, value in values.items():
             arr = self._array(name)
@@ -152,8 +176,48 @@ class Store:
                 full[tuple(slice(0, s) for s in v.shape)] = v
                 v = full
             arr[index] = v
+        g = self._group_rw
+        if schema.FAILED in g and bool(self._array(schema.FAILED)[index]):  # a retried failure that now works
+            self._array(schema.FAILED)[index] = False
+            failures = dict(g.attrs.get(schema.FAILURES, {}))
+            failures.pop(self.cell_label(index), None)
+            g.attrs[schema.FAILURES] = failures
         done[index] = True
         return True
+
+    def _is_failed(self, index: tuple[int, ...]) -> bool:
+        return schema.FAILED in self._group_rw and bool(self._array(schema.FAILED)[index])
+
+    def write_failed(self, index: tuple[int, ...], error: str, *, force: bool = False,
+                     replace_failed: bool = False) -> bool:
+        """Record that computing cell ``index`` raised ``error``: its variables keep the fill value,
+        ``failed`` and then ``done`` are set (a rerun does not repeat a deterministic failure;
+        ``kktlab run --retry-failed`` does), the text goes to the group attr ``kktlab_failures``
+        under the cell's coordinates. Returns False if the cell is already done (unless ``force``,
+        or ``replace_failed`` and it is a failed cell)."""
+        done = self._array(schema.DONE)
+        if bool(done[index]) and not force and not (replace_failed and self._is_failed(index)):
+            return False
+        g = self._group_rw
+        label = self.cell_label(index)
+        failures = dict(g.attrs.get(schema.FAILURES, {}))
+        failures[label] = error[:2000]
+        g.attrs[schema.FAILURES] = failures
+        if schema.FAILED in g:  # stores made before failures were stored have no such array
+            self._array(schema.FAILED)[index] = True
+        done[index] = True
+        return True
+
+    def failed_mask(self) -> np.ndarray:
+        g = self.group()
+        if schema.FAILED not in g:
+            return np.zeros(g[schema.DONE].shape, dtype=bool)
+        return np.asarray(g[schema.FAILED][...], dtype=bool)
+
+    def cell_label(self, index: tuple[int, ...]) -> str:
+        """``'d=10, seed=0'``: a cell's coordinates, for messages and the failures attribute."""
+        g = self.group()
+        return ", ".join(f"{dim}={np.asarray(g[dim][i]).item()}" for dim, i in zip(self.dims(), index))
 
     def _array(self, name: str) -> zarr.Array:
         if self._group_rw is None:

@@ -41,6 +41,11 @@ class TwoLayer:
     def clone(self) -> "TwoLayer":
         return TwoLayer(self.W.clone(), self.b.clone(), self.v.clone())
 
+    def finite(self) -> torch.Tensor:
+        """(E,) bool: every parameter of net e is finite (a diverged net is not)."""
+        return (torch.isfinite(self.W).all(2).all(1) & torch.isfinite(self.b).all(1)
+                & torch.isfinite(self.v).all(1))
+
     def select(self, idx) -> "TwoLayer":
         return TwoLayer(self.W[idx], self.b[idx], self.v[idx])
 

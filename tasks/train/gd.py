@@ -204,3 +204,31 @@ def state_from_dict(d: dict[str, torch.Tensor], device, dtype) -> TrainState:
                          "restart the bundle")
     net = TwoLayer(*(d[k].to(device, dtype) for k in ("W", "b", "v")))
     return TrainState(net=net, **{f: d[f].to(device) for f in STATE_FIELDS})
+
+
+def check_state(st: TrainState, net: TwoLayer, schedule: Schedule) -> None:
+    """Raise ValueError unless ``st`` can be a state of training ``net`` (the bundle's initial
+    stack) under ``schedule``: same shapes, known statuses, iterations within the cap, and every
+    net marked converged with a finite loss below the target (a "converged" net whose loss is
+    above it was not converged: such a checkpoint is not resumed)."""
+    for name in ("W", "b", "v"):
+        have, want = getattr(st.net, name).shape, getattr(net, name).shape
+        if have != want:
+            raise ValueError(f"saved {name} has shape {tuple(have)}, the bundle's is {tuple(want)}")
+    for f in STATE_FIELDS:
+        if getattr(st, f).shape != (net.E,):
+            raise ValueError(f"saved {f} has shape {tuple(getattr(st, f).shape)}, expected ({net.E},)")
+    unknown = set(st.status.tolist()) - set(STATUS_NAMES)
+    if unknown:
+        raise ValueError(f"saved status has unknown values {sorted(unknown)}")
+    if bool((st.iters < 0).any()) or bool((st.iters > schedule.max_iters).any()):
+        raise ValueError(f"saved iterations outside [0, max_iters={schedule.max_iters}]")
+    conv = st.status == CONVERGED
+    bad = conv & ~(st.log_loss < math.log(schedule.target_loss))
+    if bool(bad.any()):
+        e = int(bad.nonzero()[0, 0])
+        raise ValueError(f"net {e} is marked converged but its loss exp({float(st.log_loss[e]):.4g}) is not below "
+                         f"the target {schedule.target_loss:g}")
+    live = (st.status == RUNNING) | conv
+    if bool((live & ~st.net.finite().to(live.device)).any()):
+        raise ValueError("a running or converged net has non-finite parameters")

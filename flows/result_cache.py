@@ -1,0 +1,112 @@
+"""A bundle's results, kept beside its store until they are written into it (issue 12 item 3).
+
+Why not Prefect's result persistence: it cloudpickles results into ``$PREFECT_HOME/storage``,
+global to the user and keyed only on the cell parameters and kernel source, so reading a result
+back runs whatever a writable file says and a new store silently takes numbers computed for
+another store, torch version or device. Here:
+
+* one ``.npz`` per bundle in ``<store>.cache/<group>/`` (directory mode 0700), written by the
+  worker right after the bundle is computed (temp file + rename) and removed once its cells are
+  in the store, so the only thing it survives is a kill between the two;
+* read with ``numpy.load(allow_pickle=False)``: numbers only, nothing is executed;
+* the key hashes the cells, the kernel code, the device asked for and the versions of python,
+  torch and numpy; the file repeats its key and the variables are checked against the
+  experiment's declaration, and anything that does not match is moved aside (``.bad``) and
+  recomputed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pathlib
+import platform
+import time
+import zipfile
+
+import numpy as np
+
+META = "__kktlab_meta__"
+
+
+def cache_dir(store: str, group: str) -> pathlib.Path:
+    return pathlib.Path(str(store) + ".cache") / group
+
+
+def runtime_versions() -> dict[str, str]:
+    import torch
+
+    return {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__}
+
+
+def bundle_key(experiment: str, cells: list[dict], device: str, code: str) -> str:
+    """sha256 of what decides a bundle's numbers: cells, kernel code, device, versions."""
+    payload = json.dumps({"experiment": experiment, "cells": cells, "device": device, "code": code,
+                          "versions": runtime_versions()}, sort_keys=True, default=str)
+    return hashlib.sha256(payload.encode()).hexdigest()[:32]
+
+
+def path_for(store: str, group: str, key: str) -> str:
+    return str(cache_dir(store, group) / f"{key}.npz")
+
+
+def save(path: str, key: str, results: list[dict]) -> None:
+    """Write a bundle's results (numbers, number arrays, and the text of a failed cell) atomically."""
+    arrays = {META: np.array(json.dumps({"key": key, "n_cells": len(results)}))}
+    for i, values in enumerate(results):
+        for name, v in values.items():
+            arr = np.asarray(v)
+            if arr.dtype.kind not in "biufU":
+                raise TypeError(f"result {name!r} of cell {i} is not numeric ({arr.dtype}); cannot cache it")
+            arrays[f"{i}/{name}"] = arr
+    folder = os.path.dirname(path)
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "wb") as f:
+        np.savez(f, **arrays)
+    os.replace(tmp, path)
+
+
+def load(path: str, key: str, n_cells: int, variables: set[str], failed_key: str) -> list[dict] | None:
+    """The cached results of a bundle, or None if there are none. A file that is not a plain
+    ``.npz`` of this key with ``n_cells`` cells, each holding numbers for declared ``variables``
+    only or just the text of its failure (``failed_key``), is set aside (renamed
+    ``*.bad-<time>``) and None is returned, so the bundle is recomputed."""
+    if not os.path.exists(path):
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            meta = json.loads(str(z[META][()]))
+            if meta.get("key") != key or meta.get("n_cells") != n_cells:
+                raise ValueError(f"written for another bundle (key {meta.get('key')!r})")
+            out: list[dict] = [{} for _ in range(n_cells)]
+            for name in z.files:
+                if name == META:
+                    continue
+                i, var = name.split("/", 1)
+                arr = z[name]
+                if arr.dtype.kind not in ("U" if var == failed_key else "biuf"):
+                    raise ValueError(f"entry {name!r} has dtype {arr.dtype}")
+                out[int(i)][var] = arr[()] if arr.ndim == 0 else arr
+    except (OSError, ValueError, KeyError, IndexError, zipfile.BadZipFile, EOFError) as err:
+        quarantine(path, f"{type(err).__name__}: {err}")
+        return None
+    wrong = [i for i, v in enumerate(out) if not v or not (set(v) <= variables or set(v) == {failed_key})]
+    if wrong:
+        quarantine(path, f"cell {wrong[0]} has variables {sorted(out[wrong[0]])}, not declared ones")
+        return None
+    return out
+
+
+def quarantine(path: str, why: str) -> str:
+    """Move a file that cannot be trusted aside (never read again, kept for inspection)."""
+    bad = f"{path}.bad-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+    os.replace(path, bad)
+    print(f"[kktlab] warning: {path} set aside as {bad} ({why}); its cells are recomputed", flush=True)
+    return bad
+
+
+def remove(path: str) -> None:
+    if os.path.exists(path):
+        os.remove(path)
