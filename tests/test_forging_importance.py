@@ -36,17 +36,29 @@ def test_P000_13_subset_importance_matches_exact(eps, p, linreg, torch_gen):
     assert est.extra["reliable"] and est.extra["n_components"] >= 2  # both antipodal caps (spec §6 item 6)
 
 
+IMP_CAL_SEEDS = 50
+
+
+@pytest.mark.slow
 def test_subset_importance_stated_se_is_calibrated(linreg, torch_gen):
-    """Over 8 independent seeds at p = 1e-12 the errors in units of the stated SE look standard normal:
-    every |z| < 3.5 and mean z² < 3 (an SE that is too small, the failure of light-tailed fits, fails this)."""
+    """The stated SE is calibrated: over 50 independent seeds at p = 1e-12 (d = 10, N = 500,
+    n_importance = 20 000, ~15 s on one core) the errors z = (estimate - exact)/SE have mean z² < 1.5,
+    at most 5 of 50 beyond 2 SE, mean |z| < 0.95 and every |z| < 3.5 (measured 0.89, 1/50, 0.75, max
+    2.60; the 8-seed rule before, mean z² < 3, passed an SE understated 1.7×).
+
+    Design as tests/test_forging_estimators.py::test_P000_13_stated_se_is_calibrated_over_seeds
+    (z ~ N(0, s²) i.i.d.): a correct SE fails with probability ~6 %, an SE understated 1.3× passes
+    with probability ~17 %; the seeds are fixed, so the outcome is deterministic."""
     model, xs = linreg(10)
     exact = linreg_log_volume(10, EPS_1E12, 1.0)
     problem = slab_problem(model, xs, 1.0, "integrated")
     z = np.array([(e.log_volume - exact) / e.log_volume_stderr for e in
                   (subset_importance(problem, EPS_1E12, generator=torch_gen(20 + s), n_samples=500, n_importance=20_000)
-                   for s in range(8))])
+                   for s in range(IMP_CAL_SEEDS))])
     assert np.all(np.abs(z) < 3.5), z
-    assert np.mean(z ** 2) < 3.0, z
+    assert np.mean(z ** 2) < 1.5, z
+    assert np.sum(np.abs(z) > 2) <= 0.1 * IMP_CAL_SEEDS, z
+    assert np.mean(np.abs(z)) < 0.95, z
 
 
 def test_subset_importance_literal_membership_1e12(linreg, torch_gen):

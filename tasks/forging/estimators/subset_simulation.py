@@ -11,35 +11,68 @@ from tasks.forging.estimators.common import VolumeEstimate, check_eps, estimate_
 from tasks.forging.problems import ForgingProblem
 
 
+def _blocks(problem: ForgingProblem) -> list[torch.Tensor]:
+    """Latent blocks moved in turn (Metropolis-within-Gibbs, spec §6 item 5(a)): the problem's sphere
+    blocks (directions) and the other latents (radii, sampled label), as boolean masks over the k
+    latents; one block when the problem has no sphere blocks (or only them). Their conditional spreads
+    differ by orders of magnitude deep in the levels: on the label-sampled slab the direction must stay
+    within an angle ~b of ±G* while the label latent only needs |ξ_s| >~ 2.3 (spread ~0.4), so one pCN
+    scale tuned to the direction (σ ~ b) left the label frozen along the chains (issue 11 item 13)."""
+    k = problem.latent_dim
+    sph = torch.zeros(k, dtype=torch.bool)
+    for a, b in problem.sphere_blocks:
+        sph[a:b] = True
+    return [sph, ~sph] if sph.any() and not sph.all() else [torch.ones(k, dtype=torch.bool)]
+
+
+def _moves(blocks: list[torch.Tensor], sig: list[float], acc: list[float]) -> list[torch.Tensor]:
+    """The per-coordinate pCN scales (k,) of the moves one level's chains cycle through: one move per
+    block, with the blocks the pilot found free (scale at its cap 1, i.e. a fresh draw, accepted >= 90 %
+    of the time: g hardly depends on them, e.g. the radius of the linreg slab) redrawn in every move
+    instead of spending steps of their own."""
+    free = [s >= 1.0 and a >= 0.9 for s, a in zip(sig, acc)]
+    base = torch.zeros(blocks[0].shape[0], dtype=torch.float64)
+    for m, f in zip(blocks, free):
+        base[m] = 1.0 if f else 0.0
+    moves = [torch.where(m, torch.full_like(base, s), base) for m, s, f in zip(blocks, sig, free) if not f]
+    return moves or [base]
+
+
 def _levels_pilot(problem: ForgingProblem, eps: float, N: int, n_seed: int, max_levels: int,
-                  target_accept: float, generator: torch.Generator) -> tuple[list[float], list[float], int]:
+                  target_accept: float, generator: torch.Generator
+                  ) -> tuple[list[float], list[list[float]], list[list[torch.Tensor]], int]:
     """Adaptive subset simulation (one run) that only *chooses* the levels b_1 > ... > eps and the pCN
-    scale of each level; returns (levels, sigmas, gradient evaluations)."""
+    scale of each block (:func:`_blocks`) at each level, each adapted towards ``target_accept`` on the
+    steps that move it; returns (levels, scales per level and block, moves per level (:func:`_moves`),
+    gradient evaluations)."""
     k, steps = problem.latent_dim, N // n_seed
+    blocks = _blocks(problem)
     xi = torch.randn(N, k, dtype=torch.float64, generator=generator)
     g, _ = problem.evaluate(xi)
-    evals, sigma, levels, sigmas = N, 0.5, [], []
+    evals, sigma, levels, sigmas, moves = N, [0.5] * len(blocks), [], [], []
     for _ in range(max_levels):
         gs, order = torch.sort(g)
         b = float(0.5 * (gs[n_seed - 1] + gs[n_seed]))
         if b <= eps:
-            return levels, sigmas, evals * problem.evals_per_point
+            return levels, sigmas, moves, evals * problem.evals_per_point
         # stall: the level stopped decreasing (eps below min g on the domain, or an unreachable set)
         if len(levels) >= 5 and levels[-5] - b < 1e-4 * b:
             break
         levels.append(b)
         cur_xi, cur_g = xi[order[:n_seed]], g[order[:n_seed]]
-        chain_xi, chain_g, rates = [cur_xi], [cur_g], []
-        for _step in range(steps - 1):
-            prop = pcn(cur_xi[None], torch.tensor([sigma], dtype=torch.float64), generator)[0]
+        chain_xi, chain_g, rates = [cur_xi], [cur_g], [[] for _ in blocks]
+        for step in range(steps - 1):
+            j = step % len(blocks)
+            prop = pcn(cur_xi[None], (blocks[j] * sigma[j]).to(torch.float64)[None], generator)[0]
             pg, _ = problem.evaluate(prop)
             evals += n_seed
             acc = pg <= b
             cur_xi, cur_g = torch.where(acc[:, None], prop, cur_xi), torch.where(acc, pg, cur_g)
             chain_xi.append(cur_xi), chain_g.append(cur_g)
-            rates.append(float(acc.double().mean()))
-            sigma = min(max(sigma * math.exp(rates[-1] - target_accept), 1e-4), 1.0)
-        sigmas.append(sigma)  # the scale reached at the end of the level: used by the main runs
+            rates[j].append(float(acc.double().mean()))
+            sigma[j] = min(max(sigma[j] * math.exp(rates[j][-1] - target_accept), 1e-4), 1.0)
+        sigmas.append(list(sigma))  # the scales reached at the end of the level: used by the main runs
+        moves.append(_moves(blocks, sigma, [sum(r) / len(r) if r else 0.0 for r in rates]))
         xi, g = torch.cat(chain_xi), torch.cat(chain_g)
     raise _Stalled(levels[-1] if levels else math.nan, evals * problem.evals_per_point)
 
@@ -96,6 +129,8 @@ def subset_simulation_samples(problem: ForgingProblem, eps: float, *, generator:
        §6.6: a multinomial draw left ~37 % of them out, so a cap of the slab problem's two antipodal
        caps seen by few survivors could die out and the runs' spread grew: single-run CV 1.18 -> 0.83
        at d = 5, p = 2e-11), and each seed starts a pCN chain of 1/p0 states restricted to {g <= b_i}.
+       The chain steps move the latent blocks of :func:`_blocks` in turn, each with its pilot scale
+       (Metropolis-within-Gibbs; every step leaves the restricted law invariant, so unbiasedness holds).
        The last level contributes mean(W(·; eps)).
     With fixed levels and an unbiased resampling this is a Feynman-Kac particle estimate, hence unbiased
     given the pilot's levels whatever they are (the pilot's randomness moves only the runs' variance,
@@ -121,7 +156,8 @@ def subset_simulation_samples(problem: ForgingProblem, eps: float, *, generator:
     if int(n_repeats) != n_repeats or n_repeats < 2:
         raise ValueError(f"n_repeats must be an integer >= 2 (stderr from repetitions), got {n_repeats!r}")
     try:
-        levels, sigmas, evals = _levels_pilot(problem, eps, n_samples, n_seed, max_levels, target_accept, generator)
+        levels, sigmas, moves, evals = _levels_pilot(problem, eps, n_samples, n_seed, max_levels, target_accept,
+                                                     generator)
     except _Stalled as st:  # report, do not guess: NaN volume, the level where it stopped
         return VolumeEstimate("subset_simulation", math.nan, math.nan, st.evals, 0, math.nan,
                               {"stalled": True, "min_level": st.level}), None, None
@@ -143,7 +179,7 @@ def subset_simulation_samples(problem: ForgingProblem, eps: float, *, generator:
     def corr(x: torch.Tensor) -> torch.Tensor:
         return _gamma(x.reshape(R, steps, n_seed)) if chained else torch.zeros(R, dtype=dt)
 
-    for b, sig in zip(levels, sigmas):
+    for b, level_moves in zip(levels, moves):
         surv = g <= b
         counts = surv.sum(1)
         p_i = counts.to(dt) / N
@@ -157,9 +193,8 @@ def subset_simulation_samples(problem: ForgingProblem, eps: float, *, generator:
         cur_xi = torch.gather(xi, 1, sel[..., None].expand(-1, -1, k))
         cur_g, cur_s = torch.gather(g, 1, sel), torch.gather(scale, 1, sel)
         chain = [(cur_xi, cur_g, cur_s)]
-        sig_t = torch.full((R,), sig, dtype=dt)
-        for _step in range(steps - 1):
-            prop = pcn(cur_xi, sig_t, generator)
+        for step in range(steps - 1):
+            prop = pcn(cur_xi, level_moves[step % len(level_moves)].expand(R, k), generator)
             pg, ps = ev(prop)
             n_eval += R * n_seed
             acc = pg <= b
