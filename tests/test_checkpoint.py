@@ -29,3 +29,67 @@ def test_resume_from_checkpoint_equals_uninterrupted(tmp_path, batch_size):
     assert all(b["status"] == 1 for b in got)
     names = ("c_star", "gamma", "kkt_eps", "q_min")
     np.testing.assert_allclose([[b[n] for n in names] for b in got], [[a[n] for n in names] for a in ref], rtol=1e-9)
+
+
+CELLS = [dict(BASE, d=20, m=30, width=24, seed=s, lr0=0.01, lr_period=10, target_loss=1e-12, dtype="float64")
+         for s in (0, 1)]
+
+
+class Plant:
+    """A pickle payload that would create a file if it were ever unpickled."""
+
+    def __init__(self, target):
+        self.target = target
+
+    def __reduce__(self):
+        return (open, (self.target, "w"))
+
+
+def _garbage(path, tmp_path):
+    with open(path, "wb") as f:
+        f.write(os.urandom(300))
+
+
+def _pickled(path, tmp_path):
+    torch.save({"W": Plant(str(tmp_path / "PWNED"))}, path)
+
+
+def _false_converged(path, tmp_path):
+    """A real mid-training state of this bundle whose first net says 'converged' at a loss above the target."""
+    st, _ = nonrobust.train_bundle(CELLS, "cpu", checkpoint=path, max_chunks=1)
+    payload = torch.load(path, weights_only=True)
+    payload["status"][0] = 1
+    torch.save(payload, path)
+
+
+def _other_shapes(path, tmp_path):
+    """A valid checkpoint of another bundle (other width)."""
+    nonrobust.train_bundle([dict(c, width=8) for c in CELLS], "cpu", checkpoint=path, max_chunks=1)
+
+
+@pytest.mark.parametrize("damage", [_garbage, _pickled, _false_converged, _other_shapes])
+def test_unusable_checkpoint_is_quarantined_and_the_bundle_recomputed(tmp_path, capfd, damage):
+    """Issue 12 item 7: garbage, a pickle with code, a 'converged' net above its target loss, a state
+    of other shapes: never retried, never executed; the file is named in one warning and moved aside
+    (``.bad-*``), and the bundle trains from scratch to exactly the uninterrupted result."""
+    path = str(tmp_path / "ck" / "bundle.pt")
+    os.makedirs(os.path.dirname(path))
+    damage(path, tmp_path)
+    got = EXP.run_bundle(CELLS, "cpu", checkpoint=path)
+    ref = EXP.run_bundle(CELLS, "cpu")
+    warning = capfd.readouterr().out
+    assert f"checkpoint {path} is unusable" in warning and "Traceback" not in warning
+    assert not os.path.exists(path) and len([f for f in os.listdir(tmp_path / "ck") if ".bad-" in f]) == 1
+    assert not (tmp_path / "PWNED").exists()
+    for a, b in zip(ref, got):
+        assert (a["iters"], a["status"], a["c_star"]) == (b["iters"], b["status"], b["c_star"])
+
+
+def test_diverged_net_is_stored_with_its_status_not_a_linalg_error():
+    """Issue 12 item 5's config (d = 10, width 8, lr_period 10, seed 0): the net diverges to NaN
+    weights; the cell reports status 4 (diverged) with NaN KKT numbers instead of failing in
+    ``eigvalsh``, and its bundle mate is unaffected."""
+    cells = [dict(BASE, d=10, width=8, lr_period=10, seed=s) for s in (0, 1)]
+    res = EXP.run_bundle(cells, "cpu")
+    assert res[0]["status"] == 4 and np.isnan(res[0]["kkt_eps"]) and res[0]["kkt_support"] == -1
+    assert res[1]["status"] == 1 and np.isfinite(res[1]["kkt_eps"])

@@ -61,35 +61,60 @@ def _done(store, group):
         return -1
 
 
-def test_kill_9_midway_then_resume_equals_clean_run(cli, prefect_server, write_config, tmp_path):
-    cfg = dict(SMALL, name="killme", grid={"d": [24], "alpha": [1.0], "seed": list(range(8))},
-               runner={"workers": 1, "bundle_size": 1})
-    cfg["params"] = dict(SMALL["params"], width=48, target_loss=1.0e-20)
-    path = write_config(cfg)
-    store, clean = tmp_path / "killed.zarr", tmp_path / "clean.zarr"
-    env = dict(os.environ, PREFECT_RESULTS_LOCAL_STORAGE_PATH=str(tmp_path / "results-a"))
+KILL_CFG = dict(SMALL, name="killme", grid={"d": [24], "alpha": [1.0], "seed": list(range(8))},
+                runner={"workers": 1, "bundle_size": 1})
+KILL_CFG["params"] = dict(SMALL["params"], width=48, target_loss=1.0e-20)
+
+
+@pytest.fixture(scope="module")
+def clean_run(cli, prefect_server, tmp_path_factory):
+    """The kill test's config run once without interruption (its own Prefect home)."""
+    import yaml
+
+    tmp = tmp_path_factory.mktemp("clean")
+    path, store = tmp / "cfg.yaml", tmp / "clean.zarr"
+    path.write_text(yaml.safe_dump(KILL_CFG, sort_keys=False))
+    ref = cli.run("run", path, "--store", store, env={"PREFECT_HOME": str(tmp / "prefect-home")})
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    return open_results(store)
+
+
+def _created(store, group):
+    return (store / group / "zarr.json").exists() or os.path.exists(str(store) + ".partial")
+
+
+@pytest.mark.parametrize("kill_at", ["creating", "first_bundle", "midway"])
+def test_kill_9_then_resume_equals_clean_run(cli, prefect_server, write_config, tmp_path, clean_run, kill_at):
+    """SIGKILL of the whole process group while the store is being created (the first moment its
+    files appear), right after the first bundle is stored, or midway; the rerun (its own Prefect
+    home, so no cache can hide a recomputation) writes each missing cell once and the store equals
+    an uninterrupted run's."""
+    path = write_config(KILL_CFG)
+    store = tmp_path / "killed.zarr"
+    env = dict(os.environ, PREFECT_HOME=str(tmp_path / "home-a"))
     proc = subprocess.Popen([*cli.argv, "run", str(path), "--store", str(store)], cwd=cli.root, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    want = {"first_bundle": 1, "midway": 2}.get(kill_at)
     try:
         deadline = time.monotonic() + 300
-        while _done(store, "killme") < 2 and time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.2)
+        while time.monotonic() < deadline and proc.poll() is None:
+            if (kill_at == "creating" and _created(store, "killme")) or (want and _done(store, "killme") >= want):
+                break
+            time.sleep(0.002 if kill_at == "creating" else 0.05)
         done_at_kill = _done(store, "killme")
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-    assert 2 <= done_at_kill < 8, done_at_kill
+    assert done_at_kill < 8 and (want is None or done_at_kill >= want), done_at_kill
     time.sleep(1)
+    env["PREFECT_HOME"] = str(tmp_path / "home-b")
     resumed = cli.run("run", path, "--store", store, "--json", tmp_path / "resume.json", env=env)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     stats = json.loads((tmp_path / "resume.json").read_text())
     killed_done = stats["done_before"]
-    assert killed_done >= done_at_kill
+    assert killed_done >= max(done_at_kill, 0)
     assert stats["written"] == 8 - killed_done and stats["refused_done"] == 0  # each cell written once
-    env_clean = dict(os.environ, PREFECT_RESULTS_LOCAL_STORAGE_PATH=str(tmp_path / "results-b"))
-    ref = cli.run("run", path, "--store", clean, env=env_clean)
-    assert ref.returncode == 0, ref.stderr[-3000:]
-    a, b = open_results(store), open_results(clean)
+    a, b = open_results(store), clean_run
     assert bool(a.done.all()) and bool(b.done.all())
     for name in b.data_vars:
         if name == "wall_s":

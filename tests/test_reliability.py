@@ -1,0 +1,199 @@
+"""Issue 12: the result cache is numbers beside the store (never a pickle, never another store's),
+store creation is atomic, SIGTERM shuts the run's server and cluster down.
+
+The cache tests run the real sweep flow on the session's Prefect server with the threads runner;
+the signal test runs ``kktlab run`` as a user does (its own embedded server and Dask cluster)."""
+
+import os
+import pickle
+import signal
+import subprocess
+import time
+
+import numpy as np
+import psutil
+import pytest
+import xarray as xr
+
+from flows import config, result_cache
+from flows.sweep import FAILED, code_fingerprint, run
+from storage.query import open_results
+from storage.store import Store
+
+CELL = {"experiment": "nonrobust", "name": "cache", "grid": {"seed": [0]},
+        "params": {"d": 12, "width": 16, "lr0": 0.01, "lr_period": 10, "target_loss": 1.0e-12},
+        "runner": {"cluster": "inline", "workers": 1}}
+
+
+class Plant:
+    def __init__(self, target):
+        self.target = target
+
+    def __reduce__(self):
+        return (open, (self.target, "w"))
+
+
+def _cfg(**kw):
+    return config.parse(dict(CELL, **kw))
+
+
+def _cache_path(cfg, store):
+    key = result_cache.bundle_key(cfg.experiment, cfg.cells(), cfg.runner["device"], code_fingerprint())
+    return result_cache.path_for(store, cfg.name, key), key
+
+
+def _values(store, group="cache"):
+    ds = open_results(store, group).load()
+    return {v: ds[v].values for v in ds.data_vars if v != "wall_s"}
+
+
+@pytest.fixture(scope="module")
+def reference(prefect_server, tmp_path_factory):
+    """One clean run of the cell: its stored values."""
+    store = str(tmp_path_factory.mktemp("ref") / "ref.zarr")
+    stats = run(_cfg(), store)
+    assert stats["written"] == 1 and stats["from_cache"] == 0
+    return _values(store)
+
+
+def _same(a, b):
+    assert set(a) == set(b)
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+
+
+def test_results_of_a_killed_run_are_taken_from_the_cache(prefect_server, tmp_path, reference):
+    """A bundle computed but not written (a kill in between) is written from its cache file, said in
+    the run's stats, and the file is dropped once the cells are stored."""
+    from flows import experiments
+
+    cfg, store = _cfg(), str(tmp_path / "s.zarr")
+    path, key = _cache_path(cfg, store)
+    result_cache.save(path, key, experiments.get("nonrobust").run_bundle(cfg.cells(), "auto"))
+    stats = run(cfg, store)
+    assert (stats["from_cache"], stats["computed"], stats["written"]) == (1, 0, 1)
+    assert not os.path.exists(path)
+    got = _values(store)
+    _same({k: v for k, v in got.items()}, reference)
+
+
+def test_tampered_cache_never_runs_and_is_recomputed(prefect_server, tmp_path, reference, capfd):
+    """Issue 12 item 3: a pickle payload that would create a file, planted where the cache file goes
+    and in Prefect's own result storage, is never executed; the cell is recomputed and the file set aside."""
+    cfg, store = _cfg(), str(tmp_path / "s.zarr")
+    path, key = _cache_path(cfg, store)
+    os.makedirs(os.path.dirname(path))
+    with open(path, "wb") as f:
+        pickle.dump(Plant(str(tmp_path / "PWNED")), f)
+    prefect_storage = os.path.join(os.environ["PREFECT_HOME"], "storage")
+    os.makedirs(prefect_storage, exist_ok=True)
+    with open(os.path.join(prefect_storage, "kktlab-bundle-" + key), "wb") as f:
+        pickle.dump(Plant(str(tmp_path / "PWNED2")), f)
+    stats = run(cfg, store)
+    assert not (tmp_path / "PWNED").exists() and not (tmp_path / "PWNED2").exists()
+    assert (stats["from_cache"], stats["computed"]) == (0, 1)
+    assert "set aside" in capfd.readouterr().out
+    assert any(".bad-" in f for f in os.listdir(os.path.dirname(path)))
+    _same(_values(store), reference)
+
+
+@pytest.mark.parametrize("damage", ["other_key", "extra_variable", "text_value", "truncated"])
+def test_cache_file_that_does_not_match_is_recomputed(prefect_server, tmp_path, reference, damage):
+    """A cache file of another bundle (copied in), with an undeclared variable, a text where a number
+    goes, or cut short: set aside, recomputed; the stored numbers are this run's."""
+    cfg, store = _cfg(), str(tmp_path / "s.zarr")
+    path, key = _cache_path(cfg, store)
+    fake = [dict.fromkeys(cfg.exp.variables, 123.0)]
+    if damage == "other_key":
+        result_cache.save(path, "0" * 32, fake)
+    elif damage == "extra_variable":
+        result_cache.save(path, key, [dict(fake[0], planted=1.0)])
+    elif damage == "text_value":
+        result_cache.save(path, key, [dict(fake[0], c_star="123")])
+    else:
+        result_cache.save(path, key, fake)
+        with open(path, "r+b") as f:
+            f.truncate(os.path.getsize(path) // 2)
+    stats = run(cfg, store)
+    assert (stats["from_cache"], stats["computed"]) == (0, 1)
+    _same(_values(store), reference)
+
+
+def test_cache_key_covers_device_and_versions(monkeypatch):
+    cells = _cfg().cells()
+    base = result_cache.bundle_key("nonrobust", cells, "cpu", "code")
+    assert result_cache.bundle_key("nonrobust", cells, "cuda", "code") != base
+    assert result_cache.bundle_key("nonrobust", cells, "cpu", "other code") != base
+    monkeypatch.setattr(result_cache, "runtime_versions", lambda: {"torch": "0.0"})
+    assert result_cache.bundle_key("nonrobust", cells, "cpu", "code") != base
+
+
+def test_failed_cell_round_trips_through_the_cache(tmp_path):
+    path = str(tmp_path / "c" / "k.npz")
+    result_cache.save(path, "k", [{FAILED: "LinAlgError: no"}, {"c_star": 1.5, "q_sample": np.arange(3.0)}])
+    got = result_cache.load(path, "k", 2, {"c_star", "q_sample"}, FAILED)
+    assert got[0] == {FAILED: "LinAlgError: no"} and got[1]["c_star"] == 1.5
+    np.testing.assert_array_equal(got[1]["q_sample"], np.arange(3.0))
+    assert oct(os.stat(os.path.dirname(path)).st_mode & 0o777) == "0o700"
+
+
+@pytest.mark.parametrize("existing_root", [False, True])
+def test_store_creation_killed_midway_leaves_nothing_half_made(tmp_path, monkeypatch, existing_root):
+    """Issue 12 item 4: a crash while the template is written (here: after the first array) leaves
+    no group (and, for a new store, no store); the next open builds a complete one."""
+    from flows import experiments
+
+    cfg = _cfg()
+    store = tmp_path / "s.zarr"
+    if existing_root:
+        Store(store, "other").open_or_create(cfg.exp, cfg.grid, cfg.params, config_text="", device="cpu",
+                                             extra_sizes=cfg.exp.extra_dims(cfg.cells()))
+    real = xr.Dataset.to_zarr
+
+    def crash(self, *a, **kw):
+        first = next(iter(self.data_vars))
+        real(self[[first]], *a, **dict(kw, encoding={first: kw["encoding"][first]}))
+        raise KeyboardInterrupt("killed while creating the store")
+
+    monkeypatch.setattr(xr.Dataset, "to_zarr", crash)
+    with pytest.raises(KeyboardInterrupt):
+        Store(store, "cache").open_or_create(cfg.exp, cfg.grid, cfg.params, config_text="", device="cpu",
+                                             extra_sizes=cfg.exp.extra_dims(cfg.cells()))
+    assert not (store / "cache").exists()
+    assert store.exists() is existing_root
+    monkeypatch.setattr(xr.Dataset, "to_zarr", real)
+    s = Store(store, "cache").open_or_create(experiments.get("nonrobust"), cfg.grid, cfg.params, config_text="",
+                                             device="cpu", extra_sizes=cfg.exp.extra_dims(cfg.cells()))
+    assert not s.done_mask().any() and "kktlab_identity" in s.group().attrs
+    assert not os.path.exists(str(store) + ".partial")
+
+
+@pytest.mark.requires_services
+def test_sigterm_stops_server_and_cluster_and_says_how_far(cli, write_config, tmp_path):
+    """Issue 12 item 8: SIGTERM to ``kktlab run`` (its own embedded Prefect server and Dask
+    LocalCluster) exits with one line saying how many cells are stored, and leaves no process behind."""
+    cfg = dict(CELL, name="term", grid={"seed": list(range(6))}, runner={"workers": 1, "bundle_size": 1})
+    cfg["params"] = dict(CELL["params"], width=48, target_loss=1.0e-20)
+    path, store = write_config(cfg), tmp_path / "t.zarr"
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env["PREFECT_HOME"] = str(tmp_path / "prefect-home")
+    proc = subprocess.Popen([*cli.argv, "run", str(path), "--store", str(store)], cwd=cli.root, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and proc.poll() is None:
+            if (store / "term" / "zarr.json").exists() and len(psutil.Process(proc.pid).children(True)) >= 2:
+                break
+            time.sleep(0.2)
+        time.sleep(3)
+        children = psutil.Process(proc.pid).children(recursive=True)
+        assert proc.poll() is None and len(children) >= 2  # the server and the Dask processes are up
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err[-2000:]
+    assert "kktlab: interrupted: term:" in err and "cells stored" in err and "Traceback" not in err
+    gone, alive = psutil.wait_procs(children, timeout=30)
+    assert not alive, [p.cmdline() for p in alive]
