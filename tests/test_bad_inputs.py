@@ -76,8 +76,8 @@ CASES = {
     "1e9-cell grid": (cfg(grid={k: list(range(2, 66)) for k in ("d", "seed", "m", "lr_period", "batch_size")}), [],
                       "'grid': 1,073,741,824 cells", {}),
     "grid over --max-cells": (GOOD, ["--max-cells", "1"], "'grid': 2 cells (2 d x 1 seed) is more than the limit of 1", {}),
-    "cell beyond memory": (cfg(grid={"d": [10, 100_000]}, params={"width": 100_000, "m": 100_000}), [],
-                           "'grid.d, params.m, params.alpha, params.width': the largest cell (d=100000", {}),
+    "cell beyond memory": (cfg(grid={"d": [10, 1_000_000]}, params={"width": 100_000, "m": 100_000}), [],
+                           "'grid.d, params.m, params.alpha, params.width': the largest cell (d=1000000", {}),
     # --- item 9: files, paths, services, keys ----------------------------------------------
     "binary config": (bytes(range(256)) * 8, [], "'<file>': {cfg} is not UTF-8 text (byte 0x80 at offset 128)", {}),
     "10 MB config": (cfg(description="x" * 10_000_000), [], "'<file>': {cfg} is 10,000,", {}),
