@@ -9,6 +9,11 @@ import dataclasses
 from typing import Any, Callable
 
 REQUIRED = object()
+# Limits on every number a config gives, beside a Param's own bounds: floats must be finite and
+# at most FLOAT_LIMIT in size (squares and products stay finite in float64); ints at most
+# INT_LIMIT (exact in float64 and JSON, fits int64 coordinates).
+FLOAT_LIMIT = 1e100
+INT_LIMIT = 2**53
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,16 +28,23 @@ class Param:
     gt: float | None = None  # exclusive lower bound
     max: float | None = None  # inclusive upper bound
 
+    def limit(self) -> float | None:
+        """The largest allowed magnitude: ``max`` if declared, else the generic limit of the type."""
+        if self.max is not None:
+            return self.max
+        return {float: FLOAT_LIMIT, int: INT_LIMIT}.get(self.type)
+
     def allowed(self) -> str:
         if self.choices is not None:
             return "one of " + ", ".join(map(repr, self.choices))
+        num = lambda x: f"{x:g}" if isinstance(x, float) else str(x)  # noqa: E731
         parts = [self.type.__name__]
         if self.gt is not None:
-            parts.append(f"> {self.gt}")
+            parts.append(f"> {num(self.gt)}")
         if self.min is not None:
-            parts.append(f">= {self.min}")
+            parts.append(f">= {num(self.min)}")
         if self.max is not None:
-            parts.append(f"<= {self.max}")
+            parts.append(f"<= {num(self.max)}")
         return " ".join(parts)
 
 
@@ -71,6 +83,8 @@ class Experiment:
     cost: Callable[[Cell], float] = lambda cell: 1.0
     # Peak bytes of one cell's tensors in a bundle (for sizing bundles to free memory); 0 = unknown.
     memory: Callable[[Cell], float] = lambda cell: 0.0
+    # The parameters that drive ``memory`` (named when a cell cannot fit).
+    memory_fields: tuple[str, ...] = ()
     # Cross-field checks on one cell; raise ConfigError naming the field.
     check: Callable[[Cell], None] = lambda cell: None
     # Sizes of the extra dims given all cells of the grid (e.g. {"sample": max m}).

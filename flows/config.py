@@ -17,14 +17,20 @@ parameters that hold for that coordinate only, replacing ``params`` there::
         - {estimator: naive_mc, n_samples: 1000000}
         - {estimator: nested_sampling, n_samples: 1000}
 
-Every error names its field (``grid.width``) and what is allowed.
+Every error names its field (``grid.width``) and what is allowed; numbers must be finite and
+within their limits, the grid at most ``runner.max_cells`` cells (``--max-cells``), the file at
+most ``MAX_CONFIG_BYTES``, and no key may be given twice.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
+import math
+import os
 import pathlib
+import re
 from typing import Any
 
 import yaml
@@ -34,16 +40,22 @@ from core.errors import ConfigError
 from flows import experiments
 
 DEFAULT_STORE = "results/{name}.zarr"
+MAX_CONFIG_BYTES = 256 * 1024  # the config travels as Prefect flow parameters (text and parsed: twice)
+PREFECT_PARAMETER_LIMIT = 524_288  # Prefect's default server.api.max_parameter_size
+# a Dask scheduler address: protocol://host:port (host a name, IPv4 or [IPv6])
+ADDRESS = re.compile(r"^(tcp|tls|ucx|ws|wss)://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})$")
 TOP_KEYS = ("experiment", "name", "description", "store", "grid", "params", "runner")
 RUNNER = {
     "cluster": Param(str, "local", "local: LocalCluster; address: an existing scheduler; cuda: LocalCUDACluster; "
                      "inline: no Dask (run bundles in the flow process)", choices=("local", "address", "cuda", "inline")),
     "address": Param(str, "", "scheduler address tcp://host:port (cluster: address)"),
-    "workers": Param(int, 2, "worker processes of a local cluster", min=1),
-    "threads_per_worker": Param(int, 1, "threads per worker (torch uses 1 thread per task)", min=1),
+    "workers": Param(int, 2, "worker processes of a local cluster", min=1, max=256),
+    "threads_per_worker": Param(int, 1, "threads per worker (torch uses 1 thread per task)", min=1, max=256),
     "device": Param(str, "auto", "where kernels run", choices=("auto", "cpu", "cuda")),
-    "bundle_size": Param(int, 64, "most cells per bundle (one Prefect task)", min=1),
-    "retries": Param(int, 2, "retries of a bundle lost with its worker", min=0),
+    "bundle_size": Param(int, 64, "most cells per bundle (one Prefect task)", min=1, max=100_000),
+    "retries": Param(int, 2, "retries of a bundle lost with its worker", min=0, max=100),
+    "max_cells": Param(int, 100_000, "most grid cells (each is a dict in memory and a Prefect task input; "
+                       "--max-cells raises it)", min=1),
 }
 
 
@@ -68,16 +80,23 @@ class Config:
     def exp(self) -> Experiment:
         return experiments.get(self.experiment)
 
-    def cells(self) -> list[dict]:
-        """Every grid cell as a full parameter dict, in C order of the grid dims."""
+    @property
+    def n_cells(self) -> int:
+        """How many cells the grid has, from the axis lengths (the grid is not materialised)."""
+        return math.prod(len(v) for v in self.grid.values())
+
+    def iter_cells(self):
+        """Every grid cell as a full parameter dict, in C order of the grid dims, one at a time."""
         keys = list(self.grid)
-        cells = []
         for vals in itertools.product(*self.grid.values()):
             cell = dict(self.params, **dict(zip(keys, vals)))
             for axis, by_value in self.cases.items():
                 cell.update(by_value.get(cell[axis], {}))
-            cells.append(cell)
-        return cells
+            yield cell
+
+    def cells(self) -> list[dict]:
+        """Every grid cell as a full parameter dict, in C order of the grid dims."""
+        return list(self.iter_cells())
 
     def to_dict(self) -> dict:
         grid = {axis: [{axis: v, **self.cases[axis][v]} if v in self.cases.get(axis, {}) else v for v in vals]
@@ -97,6 +116,12 @@ def coerce(field: str, p: Param, value: Any) -> Any:
             pass
     if not isinstance(value, p.type) or (p.type is not bool and isinstance(value, bool)):
         raise ConfigError(field, f"expected {p.type.__name__}, got {type(value).__name__} {value!r}; allowed: {p.allowed()}")
+    if p.type is float and not math.isfinite(value):
+        raise ConfigError(field, f"{value!r} is not a finite number; allowed: {p.allowed()}")
+    if p.type in (int, float) and p.max is None and abs(value) > p.limit():
+        limit = "1e100" if p.type is float else "2**53"
+        raise ConfigError(field, f"{value!r} is out of range: every {p.type.__name__} is at most {limit} in size; "
+                          f"allowed: {p.allowed()}")
     if p.choices is not None and value not in p.choices:
         raise ConfigError(field, f"{value!r} is not allowed; allowed: {p.allowed()}")
     if p.min is not None and value < p.min or p.gt is not None and value <= p.gt or p.max is not None and value > p.max:
@@ -191,10 +216,21 @@ def parse(raw: Any, text: str = "") -> Config:
         runner.setdefault(key, p.default)
     if runner["cluster"] == "address" and not runner["address"]:
         raise ConfigError("runner.address", "required when runner.cluster is 'address' (tcp://host:port)")
+    if runner["address"]:
+        check_address(runner["address"])
+    n_cells = math.prod(len(v) for v in grid.values())
+    if n_cells > runner["max_cells"]:
+        sizes = " x ".join(f"{len(v)} {k}" for k, v in grid.items())
+        raise ConfigError("grid", f"{n_cells:,} cells ({sizes}) is more than the limit of {runner['max_cells']:,} "
+                          f"(runner.max_cells); pass --max-cells {n_cells} if you mean it")
 
     for field in ("name", "store", "description"):
         if raw.get(field) is not None and not isinstance(raw[field], str):
             raise ConfigError(field, f"expected a string, got {type(raw[field]).__name__}")
+    for field in ("name", "store"):
+        if raw.get(field) is not None and not raw[field].strip():
+            raise ConfigError(field, "is empty; leave the key out for the default "
+                              + ("(the experiment name)" if field == "name" else "(results/<name>.zarr)"))
     group = raw.get("name") or name
     if not group.replace("-", "").replace("_", "").isalnum():
         raise ConfigError("name", f"{group!r}: use letters, digits, '-' and '_' only")
@@ -207,21 +243,100 @@ def parse(raw: Any, text: str = "") -> Config:
             overridden[k] = axis
     cfg = Config(experiment=name, name=group, store=raw.get("store"), grid=grid, params=params,
                  runner=runner, description=raw.get("description") or "", text=text, cases=cases)
-    for cell in cfg.cells():
+    for cell in cfg.iter_cells():
         exp.check(cell)
+    check_payload(cfg)
     return cfg
+
+
+def check_address(address: str) -> None:
+    """A Dask scheduler address must read protocol://host:port."""
+    match = ADDRESS.match(address)
+    if not match or not 1 <= int(match.group(3)) <= 65535:
+        raise ConfigError("runner.address", f"{address!r} is not a scheduler address; allowed: "
+                          "tcp://host:port (or tls://, ucx://, ws://, wss://), port 1-65535")
+
+
+def check_payload(cfg: Config) -> None:
+    """The sweep receives the config (text and parsed) as Prefect flow parameters, which Prefect
+    caps in size: refuse here what the server would refuse after the store is made."""
+    limit = int(os.environ.get("PREFECT_SERVER_API_MAX_PARAMETER_SIZE", PREFECT_PARAMETER_LIMIT))
+    size = len(json.dumps(dict(cfg.to_dict(), _text=cfg.text), default=str).encode())
+    if limit and size > limit * 0.9:  # 10% for the store path and Prefect's own fields
+        raise ConfigError("<file>", f"the config makes {size:,} bytes of flow parameters; Prefect takes at most "
+                          f"{int(limit * 0.9):,} here (PREFECT_SERVER_API_MAX_PARAMETER_SIZE); list fewer values")
+
+
+def check_fits(cfg: Config) -> None:
+    """Refuse a grid whose largest cell cannot fit in the memory of this machine (the workers of a
+    local, inline or cuda cluster run here): the experiment's ``memory`` estimate against
+    :func:`flows.bundles.memory_budget` with all of the free memory shared by the workers."""
+    exp = cfg.exp
+    if cfg.runner["cluster"] == "address" or not exp.memory_fields:
+        return
+    need, cell = max(((exp.memory(c), c) for c in cfg.iter_cells()), key=lambda t: t[0])
+    from flows.bundles import memory_budget
+
+    workers = cfg.runner["workers"] if cfg.runner["cluster"] in ("local", "inline") else 1
+    have = memory_budget(cfg.runner["device"], workers, fraction=1.0)
+    if need <= have:
+        return
+    fields = ", ".join(f"grid.{f}" if f in cfg.grid else f"params.{f}" for f in exp.memory_fields)
+    sizes = ", ".join(f"{f}={cell[f]}" for f in exp.memory_fields)
+    gib = 2.0**30
+    raise ConfigError(fields, f"the largest cell ({sizes}) needs about {need / gib:,.1f} GiB, more than the "
+                      f"{have / gib:,.1f} GiB free here for each of {workers} worker(s) (device "
+                      f"{cfg.runner['device']}); make it smaller" + (" or use fewer runner.workers" if workers > 1 else ""))
+
+
+def read_yaml(path: pathlib.Path) -> tuple[Any, str]:
+    """The YAML document of a config file and its text; refuses a missing, oversized, binary or
+    invalid file and a key given twice in one mapping (YAML would silently keep the last)."""
+    if not path.is_file():
+        raise ConfigError("<file>", f"no config file at {path}")
+    size = path.stat().st_size
+    if size > MAX_CONFIG_BYTES:
+        raise ConfigError("<file>", f"{path} is {size:,} bytes; a config is at most {MAX_CONFIG_BYTES:,} bytes "
+                          "(grid values are listed, cells are not)")
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError("<file>", f"{path} is not UTF-8 text (byte 0x{data[err.start]:02x} at offset "
+                          f"{err.start}); a config is a YAML file") from None
+    try:
+        loader = yaml.SafeLoader(text)
+        try:
+            node = loader.get_single_node()
+            if node is not None:
+                _no_duplicate_keys(node, "")
+            raw = loader.construct_document(node) if node is not None else None
+        finally:
+            loader.dispose()
+    except yaml.YAMLError as err:
+        raise ConfigError("<file>", f"{path} is not valid YAML: {' '.join(str(err).split())}") from None
+    return raw, text
+
+
+def _no_duplicate_keys(node: yaml.Node, path: str) -> None:
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[str, int] = {}
+        for key, value in node.value:
+            name = str(key.value) if isinstance(key, yaml.ScalarNode) else "<key>"
+            field = f"{path}.{name}" if path else name
+            line = key.start_mark.line + 1
+            if name in seen and name != "<<":
+                raise ConfigError(field, f"given twice (lines {seen[name]} and {line}); give each key once")
+            seen[name] = line
+            _no_duplicate_keys(value, field)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _no_duplicate_keys(item, f"{path}[{i}]")
 
 
 def load(path: str | pathlib.Path, overrides: dict | None = None) -> Config:
     """Read and validate a YAML config; ``overrides`` replace top-level keys (e.g. store)."""
-    path = pathlib.Path(path)
-    if not path.is_file():
-        raise ConfigError("<file>", f"no config file at {path}")
-    text = path.read_text()
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise ConfigError("<file>", f"{path} is not valid YAML: {err}") from None
+    raw, text = read_yaml(pathlib.Path(path))
     if overrides and isinstance(raw, dict):
         for key, value in overrides.items():
             if isinstance(value, dict):

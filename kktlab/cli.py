@@ -10,38 +10,63 @@ import sys
 
 from core.errors import UserError
 
+
+def check_prefect_api() -> None:
+    """A set $PREFECT_API_URL must answer now (else the sweep fails after retries, store made)."""
+    if os.environ.get("PREFECT_API_URL"):
+        from deploy.probe import check_prefect_api as probe
+
+        probe(os.environ["PREFECT_API_URL"])
+
+
 def cmd_run(args) -> int:
     """Run one or more configs (in order) on one Prefect server; each resumes where it stopped."""
     from flows import config as config_mod
+    from kktlab import preflight
 
     overrides: dict = {}
     runner: dict = {}
-    if args.dask_address:
+    if args.dask_address is not None:
         runner.update(cluster="address", address=args.dask_address)
-    if args.workers is not None:
-        runner["workers"] = args.workers
+    for key in ("workers", "max_cells"):
+        if getattr(args, key) is not None:
+            runner[key] = getattr(args, key)
     if args.device:
         runner["device"] = args.device
     if runner:
         overrides["runner"] = runner
     if args.store and len(args.config) > 1:
         raise UserError("--store with several configs: give each config its own 'store' instead")
-    # every config is validated and its store checked before any server or cluster starts
+    if args.store is not None and not args.store.strip():
+        raise UserError("--store is empty: give a path, or leave it out for the config's store")
+    # every config is validated, its memory, store, output and services checked before any
+    # store is made or any server or cluster starts
     cfgs = [config_mod.load(path, overrides) for path in args.config]
+    for cfg in cfgs:
+        config_mod.check_fits(cfg)
+    if args.json is not None:
+        preflight.file_for_writing(args.json, "--json")
+    stores = [cfg.store_path(args.store) for cfg in cfgs]
+    for store in stores:
+        preflight.store(store, "--store" if args.store else "store")
+    check_prefect_api()
+    from deploy.probe import check_scheduler
+
+    for address in sorted({cfg.runner["address"] for cfg in cfgs if cfg.runner["cluster"] == "address"}):
+        check_scheduler(address)
     from deploy import runtime
 
     runtime.quiet_env()
     from flows.sweep import open_store, run
     from storage.query import open_results, summary
 
-    stores = [cfg.store_path(args.store) for cfg in cfgs]
     for cfg, store in zip(cfgs, stores):
         open_store(cfg, store, cfg.runner["device"])
     all_stats = []
     try:
         with runtime.prefect_api():  # stopped on the way out, whatever happens (SIGTERM included)
             for cfg, store in zip(cfgs, stores):
-                print(f"[kktlab] {cfg.experiment} '{cfg.name}': {len(cfg.cells())} cells -> {store}",
+                print(f"[kktlab] {cfg.experiment} '{cfg.name}': {cfg.n_cells} cells -> {store}",
                       file=sys.stderr)
                 stats = run(cfg, store, force=args.force, retry_failed=args.retry_failed)
                 all_stats.append(stats)
@@ -84,11 +109,15 @@ def cmd_submit(args) -> int:
     """Create a flow run of the experiment's deployment on a Prefect server (served mode)."""
     from flows import config as config_mod
 
-    overrides = {"runner": {"cluster": "address", "address": args.dask_address}} if args.dask_address else {}
+    runner = {"cluster": "address", "address": args.dask_address} if args.dask_address is not None else {}
+    if args.max_cells is not None:
+        runner["max_cells"] = args.max_cells
+    overrides = {"runner": runner} if runner else {}
     cfg = config_mod.load(args.config, overrides)  # validated here, before anything is queued
     api = os.environ.get("PREFECT_API_URL")
     if not api:
         raise UserError("PREFECT_API_URL is not set: start a server (make server) and export its URL")
+    check_prefect_api()
     from deploy import runtime
 
     runtime.quiet_env()
@@ -119,6 +148,7 @@ def cmd_deploy(args) -> int:
 
     if not os.environ.get("PREFECT_API_URL"):
         raise UserError("PREFECT_API_URL is not set: start a server (make server) and export its URL")
+    check_prefect_api()
     ids = deploy_all(args.pool, {name: experiments.get(name).description for name in experiments.names()})
     print(f"deployed {len(ids)} deployments to work pool {args.pool}")
     return 0
@@ -167,7 +197,10 @@ def cmd_experiments(args) -> int:
 
 
 def cmd_report(args) -> int:
+    from kktlab import preflight
     from kktlab.report import report
+
+    preflight.folder_for_writing(args.out, "--out")
 
     paths = report(args.store, args.out, echo=print)
     for p in paths:
@@ -187,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--force", action="store_true", help="recompute and overwrite done cells")
     r.add_argument("--retry-failed", action="store_true", help="compute cells stored as failed again")
     r.add_argument("--json", help="write the run's statistics to this JSON file")
+    r.add_argument("--max-cells", type=int, help="allow a grid of up to this many cells (runner.max_cells)")
     r.set_defaults(fn=cmd_run)
     s = sub.add_parser("submit", help="queue a config's sweep on a Prefect server (served mode)")
     s.add_argument("config")
@@ -194,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--dask-address", help="run the sweep on this Dask scheduler")
     s.add_argument("--force", action="store_true")
     s.add_argument("--watch", action="store_true", help="wait for the flow run to finish")
+    s.add_argument("--max-cells", type=int, help="allow a grid of up to this many cells (runner.max_cells)")
     s.set_defaults(fn=cmd_submit)
     s = sub.add_parser("deploy", help="create the work pool and one deployment per experiment (served mode)")
     s.add_argument("--pool", default="kktlab-pool")
@@ -222,6 +257,9 @@ def main(argv: list[str] | None = None) -> int:
         print("kktlab: stopped by a signal; the Prefect server and Dask cluster it started are shut down",
               file=sys.stderr)
         return 130
+    except OSError as err:  # the file system or network refused; what was asked is in the message
+        print(f"kktlab: error: {err}", file=sys.stderr)
+        return 1
 
 
 def _terminate(signum, frame):

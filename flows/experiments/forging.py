@@ -23,32 +23,32 @@ from tasks.forging.models import MODELS
 P = {
     "model": Param(str, "linreg", "squared-loss model: linear regression (D000-2) or one-hidden-layer net "
                    "with ReLU (D000-3) / tanh / softplus (D000-4)", choices=MODELS),
-    "d": Param(int, 3, "input dimension d (data dimension D = d + 1 with the label)", min=1),
-    "eps": Param(float, 0.1, "forging tolerance eps of Eq 1", gt=0),
-    "R": Param(float, 1.0, "radius of the ball B_R (slab: z ∈ B_R(0); ball: D2 = B_R(x*))", gt=0),
-    "A": Param(float, 1.0, "||∇_w f(w; x*)||: y* is set so the target gradient has this norm (spec §4)", gt=0),
-    "width": Param(int, 8, "hidden width n of the one-layer nets (ignored for linreg)", min=1),
+    "d": Param(int, 3, "input dimension d (data dimension D = d + 1 with the label)", min=1, max=10_000),
+    "eps": Param(float, 0.1, "forging tolerance eps of Eq 1", gt=0, max=1e6),
+    "R": Param(float, 1.0, "radius of the ball B_R (slab: z ∈ B_R(0); ball: D2 = B_R(x*))", gt=0, max=1e6),
+    "A": Param(float, 1.0, "||∇_w f(w; x*)||: y* is set so the target gradient has this norm (spec §4)", gt=0, max=1e6),
+    "width": Param(int, 8, "hidden width n of the one-layer nets (ignored for linreg)", min=1, max=100_000),
     "domain": Param(str, "slab", "slab: z ∈ B_R, label unrestricted (Props 2/4); ball: x = (z, t) ∈ B_R(x*) "
                     "(§4 / Thm 2; with m > 1 the batch set of Eq 41); cylinder / gaussian: forging probability "
                     "for (z, t) uniform on B_R × [-R2, R2] (Cor 1) or ~ N(0, I) (F000-5)",
                     choices=("slab", "ball", "cylinder", "gaussian")),
-    "R2": Param(float, 4.0, "cylinder: half-height of the label interval [-R2, R2] (F000-5)", gt=0),
+    "R2": Param(float, 4.0, "cylinder: half-height of the label interval [-R2, R2] (F000-5)", gt=0, max=1e6),
     "label": Param(str, "sampled", "slab only: label sampled (real-gradient membership, P000-2) or integrated "
                    "out exactly (Rao-Blackwellised)", choices=("sampled", "integrated")),
     "estimator": Param(str, "exact", "volume method; 'exact' = T000-2x (linreg, slab, m = 1 only)",
                        choices=("exact", *ESTIMATORS)),
-    "m": Param(int, 1, "points replaced in the batch (§5, D000-6); m > 1 needs domain=ball", min=1),
-    "B": Param(int, 1, "batch size B of batch SGD (§5); must be >= m; B > 1 needs domain=ball", min=1),
+    "m": Param(int, 1, "points replaced in the batch (§5, D000-6); m > 1 needs domain=ball", min=1, max=1000),
+    "B": Param(int, 1, "batch size B of batch SGD (§5); must be >= m; B > 1 needs domain=ball", min=1, max=1000),
     "n_samples": Param(int, 100_000, "naive_mc: samples; subset_simulation / subset_importance: samples per "
-                       "level and run; nested_sampling: live points per run", min=10),
+                       "level and run; nested_sampling: live points per run", min=10, max=10**9),
     "n_importance": Param(int, 200_000, "subset_importance: importance-sampling draws after the subset-simulation "
-                          "pilot (20% of them adapt the proposal)", min=100),
+                          "pilot (20% of them adapt the proposal)", min=100, max=10**9),
     "n_repeats": Param(int, 10, "subset_simulation / subset_importance / nested_sampling: independent runs "
-                        "(>= 10, spec §5)", min=2),
+                        "(>= 10, spec §5)", min=2, max=10_000),
     "p0": Param(float, 0.1, "subset_simulation / subset_importance: level probability", gt=0, max=0.5),
-    "model_seed": Param(int, 0, "seed of w, x* (and of the Lipschitz estimate)", min=0),
-    "seed": Param(int, 0, "seed of the estimator's random numbers", min=0),
-    "lipschitz_pairs": Param(int, 256, "ball domain: random pairs/directions for the estimate of L", min=1),
+    "model_seed": Param(int, 0, "seed of w, x* (and of the Lipschitz estimate)", min=0, max=2**32 - 1),
+    "seed": Param(int, 0, "seed of the estimator's random numbers", min=0, max=2**32 - 1),
+    "lipschitz_pairs": Param(int, 256, "ball domain: random pairs/directions for the estimate of L", min=1, max=10**7),
 }
 
 V = {

@@ -13,10 +13,10 @@ P = {
     "x0_forged": Param(float, 0.2, "forged first data point x̃_0 (paper Fig 1)"),
     "w0": Param(float, 1e-4, "initial weight w_0 (paper Fig 1)"),
     "h": Param(float, 0.3, "constant SGD step size h (Eq 2)", gt=0),
-    "n_updates": Param(int, 20, "SGD updates K (w_0..w_K; paper: 20)", min=1),
+    "n_updates": Param(int, 20, "SGD updates K (w_0..w_K; paper: 20)", min=1, max=10**6),
     "c": Param(float, 2.0, "basin centres ±c, mu = c e1 (not in the paper; spec §4: 2)", gt=0),
     "A": Param(float, 1.0, "a(x) = A x (not in the paper; spec §4: 1)"),
-    "seed": Param(int, 0, "numpy default_rng seed of the shared points x_1..x_{K-1}", min=0),
+    "seed": Param(int, 0, "numpy default_rng seed of the shared points x_1..x_{K-1}", min=0, max=2**32 - 1),
     "data": Param(str, "uniform", "law of the shared points: U(-1, 1) (spec default), N(0, 0.3²), N(0, 1), or 0",
                   choices=("uniform", "normal0.3", "normal1", "zeros")),
 }

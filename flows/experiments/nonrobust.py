@@ -26,28 +26,29 @@ from tasks import attacks, data, nets, train
 from tasks.cells import nonrobust as cell_fn
 from tasks.cells.nonrobust import n_samples
 
+M_MAX = 10**8  # most training samples m (given, or round(d^alpha))
 P = {
     "data": Param(str, "sphere", "input distribution (spec §2.7, A11)", choices=tuple(data.DISTRIBUTIONS)),
     "labels": Param(str, "random", "i.i.d. uniform labels (paper) or exactly balanced (theory regime)",
                     choices=("random", "balanced")),
-    "d": Param(int, 100, "input dimension", min=2),
-    "alpha": Param(float, 1.0, "sample size m = round(d^alpha) when m is 0 (Fig. 1a)", gt=0),
-    "m": Param(int, 0, "sample size; 0 means round(d^alpha)", min=0),
-    "width": Param(int, 1000, "hidden neurons k", min=1),
-    "seed": Param(int, 0, "one seed draws data, labels, init and batch order (spec A8)", min=0),
+    "d": Param(int, 100, "input dimension", min=2, max=10**6),
+    "alpha": Param(float, 1.0, "sample size m = round(d^alpha) when m is 0 (Fig. 1a)", gt=0, max=4),
+    "m": Param(int, 0, "sample size; 0 means round(d^alpha)", min=0, max=M_MAX),
+    "width": Param(int, 1000, "hidden neurons k", min=1, max=10**6),
+    "seed": Param(int, 0, "one seed draws data, labels, init and batch order (spec A8)", min=0, max=2**32 - 1),
     "loss": Param(str, "exp", "training loss", choices=("exp", "logistic")),
     "lr0": Param(float, 1e-5, "initial learning rate", gt=0),
     "lr_factor": Param(float, 1.1, "LR multiplier per period", min=1.0),
-    "lr_period": Param(int, 100, "iterations per LR plateau (paper: 100)", min=1),
+    "lr_period": Param(int, 100, "iterations per LR plateau (paper: 100)", min=1, max=10**9),
     "lr_period_fast": Param(int, 0, "period once the data are separated (spec E14); 0 keeps lr_period", min=0),
     "target_loss": Param(float, 1e-30, "stop when the full-data mean loss is below this", gt=0, max=1),
-    "max_iters": Param(int, 150_000, "iteration cap (spec A15)", min=1),
-    "batch_size": Param(int, 5000, "SGD batch (full batch when m <= batch_size)", min=1),
+    "max_iters": Param(int, 150_000, "iteration cap (spec A15)", min=1, max=10**9),
+    "batch_size": Param(int, 5000, "SGD batch (full batch when m <= batch_size)", min=1, max=M_MAX),
     "init_scale": Param(float, 1.0, "multiplier of the PyTorch default init (spec E13)", gt=0),
     "dtype": Param(str, "float64", "training precision (analysis is always float64)", choices=("float32", "float64")),
     "slack": Param(float, 1.1, "margin set I = {q_i <= slack · q_min} (paper: 1.1)", min=1.0),
     "attack": Param(str, "margin_direction", "universal direction", choices=tuple(attacks.DIRECTIONS)),
-    "kkt_max_m": Param(int, 4000, "fit KKT multipliers only when m <= this (NNLS is O(m²))", min=0),
+    "kkt_max_m": Param(int, 4000, "fit KKT multipliers only when m <= this (NNLS is O(m²))", min=0, max=M_MAX),
 }
 
 V = {
@@ -95,6 +96,8 @@ V = {
 
 def check(cell: dict) -> None:
     m = n_samples(cell)
+    if m > M_MAX:
+        raise ConfigError("alpha", f"gives m = round(d^alpha) = {m:.3g} samples (d = {cell['d']}); at most {M_MAX:.0e}")
     if m < 2:
         raise ConfigError("m" if cell["m"] else "alpha", f"gives m = {m} samples; need at least 2")
     if cell["data"] == "orthogonal" and m > cell["d"]:
@@ -182,6 +185,7 @@ EXPERIMENT = register(Experiment(
     paper="002 Vardi, Yehudai, Shamir: Gradient methods provably converge to non-robust networks",
     description="train two-layer ReLU nets to loss 1e-30; smallest universal flip c* along z (Fig. 1, 2)",
     params=P, variables=V, run_bundle=run_bundle, bundle_key=bundle_key, cost=cost, check=check, memory=memory,
+    memory_fields=("d", "m", "alpha", "width"),
     checkpoints=True,
     extra_dims=extra_dims,
     summary=("m_used", "status", "iters", "train_acc", "margin_frac", "gamma", "c_star", "c_star_rel", "kkt_eps"),

@@ -1,0 +1,68 @@
+"""Checks of the paths a command will write, before any store, server or cluster exists: each
+failure is one :class:`UserError` naming the option or field and the path."""
+
+from __future__ import annotations
+
+import pathlib
+import tempfile
+
+from core.errors import UserError
+
+
+def _nearest_existing(path: pathlib.Path) -> pathlib.Path:
+    for p in (path, *path.parents):
+        if p.exists():
+            return p
+    return pathlib.Path(".")
+
+
+def _writable(folder: pathlib.Path) -> bool:
+    """A real write probe (``os.access`` says yes to root on read-only mounts and to anyone on
+    some network file systems)."""
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            return True
+    except OSError:
+        return False
+
+
+def folder_for_writing(path: str | pathlib.Path, what: str) -> None:
+    """``path`` is, or can be made as, a writable folder (a store, ``report --out``)."""
+    path = pathlib.Path(path)
+    if not str(path).strip():
+        raise UserError(f"{what} is empty: give a path")
+    base = _nearest_existing(path)
+    if not base.is_dir():
+        where = "is a file" if base == path else f"lies under {base}, which is a file"
+        raise UserError(f"{what} {path} {where}, not a folder")
+    if not _writable(base):
+        where = "is read-only" if base == path else f"cannot be made: folder {base} is read-only"
+        raise UserError(f"{what} {path} {where}")
+    if base == path and path.parent.exists() and not _writable(path.parent):  # store locks live beside it
+        raise UserError(f"{what} {path}: its folder {path.parent} is read-only (cannot write the lock file)")
+
+
+def store(path: str, what: str = "store") -> None:
+    """A results store can be created or written at ``path``; the group folders of an existing
+    store are probed too (a store made read-only)."""
+    folder_for_writing(path, what)
+    p = pathlib.Path(path)
+    for group in sorted(q for q in p.iterdir() if q.is_dir()) if p.is_dir() else ():
+        if not _writable(group):
+            raise UserError(f"{what} {path} is read-only (cannot write group {group.name})")
+
+
+def file_for_writing(path: str, what: str) -> None:
+    """``path`` can be written as a file: its folder exists and is writable, it is not a folder."""
+    p = pathlib.Path(path)
+    if not str(path).strip():
+        raise UserError(f"{what} is empty: give a file path")
+    if p.is_dir():
+        raise UserError(f"{what} {path} is a folder; give a file path")
+    folder = p.parent
+    if not folder.exists():
+        raise UserError(f"{what} {path}: folder {folder} does not exist")
+    if not folder.is_dir():
+        raise UserError(f"{what} {path}: {folder} is a file, not a folder")
+    if not _writable(folder):
+        raise UserError(f"{what} {path}: folder {folder} is read-only")
