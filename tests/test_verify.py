@@ -89,6 +89,15 @@ def test_verify_names_the_damaged_cell_and_plan_recomputes_it(damage, filled, tm
     assert after.ok and after.sound == done_before
 
 
+@pytest.mark.parametrize("damage,todo", [("done_metadata_deleted", 8), ("coordinate_garbage", 0)])
+def test_plan_recreates_a_lost_done_array_or_coordinate(damage, todo, filled, tmp_path):
+    cfg, store = filled
+    METADATA_DAMAGE[damage][0](tmp_path / "s.zarr" / cfg.name)
+    assert len(plan(cfg, store, force=False)[0]) == todo  # a lost done array: every cell is pending
+    assert store.verify(cfg.exp).ok
+    assert list(open_results(tmp_path / "s.zarr").alpha.values) == [0.5, 1.0]
+
+
 def test_non_finite_value_where_declared_finite_is_damage(filled):
     cfg, store = filled
     assert cfg.exp.variables["wall_s"].finite and not cfg.exp.variables["kkt_eps"].finite
