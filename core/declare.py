@@ -59,6 +59,9 @@ class Var:
     # For a status variable: the values that mark a usable cell (figures, summaries and acceptance
     # tables keep done cells whose status is one of these); stored as the array attribute ``ok_values``.
     ok: tuple[int, ...] = ()
+    # True if every done cell's value is finite (ints: never the fill -1), e.g. a wall time or a status;
+    # `kktlab verify` flags a done cell where it is not. Leave False where NaN / inf can be a result.
+    finite: bool = False
 
 
 Cell = dict[str, Any]

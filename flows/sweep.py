@@ -130,8 +130,14 @@ def bundle_id(experiment: str, cells: list[dict]) -> str:
 
 def plan(cfg: config_mod.Config, store: Store, force: bool, retry_failed: bool = False):
     """The cells still to compute, as (grid index, cell) pairs, and how many were done before
-    (failed cells count as done unless ``retry_failed``)."""
+    (failed cells count as done unless ``retry_failed``).
+
+    ``done`` is not trusted alone: arrays whose metadata is gone are re-created from the template,
+    and done cells with a missing, corrupt or non-finite value (storage/verify.py) are marked not
+    done, so they are recomputed and not counted as done before."""
     cells = cfg.cells()
+    store.restore_arrays(cfg.exp, cfg.grid, cfg.exp.extra_dims(cells))
+    store.mark_not_done(store.verify(cfg.exp).cells)
     done = store.done_mask().ravel()
     if retry_failed:
         done &= ~store.failed_mask().ravel()

@@ -1,4 +1,4 @@
-"""The ``kktlab`` command line: run, status, show, experiments, report."""
+"""The ``kktlab`` command line: run, status, verify, show, experiments, report."""
 
 from __future__ import annotations
 
@@ -17,6 +17,40 @@ def check_prefect_api() -> None:
         from deploy.probe import check_prefect_api as probe
 
         probe(os.environ["PREFECT_API_URL"])
+
+
+SHOWN_DAMAGED = 5  # damaged cells named by status, show and run (verify names them all)
+
+
+def _declared(experiment: str) -> tuple[str, ...]:
+    """The declared variables of an experiment (for stores made before they were recorded)."""
+    from flows import experiments
+
+    return tuple(experiments.get(experiment).variables) if experiment in experiments.names() else ()
+
+
+def _verify(store: str, group: str | None = None) -> list:
+    """storage/verify.py's report of each group (or of ``group``); metadata damage raises StoreError."""
+    from storage.verify import find_groups, verify_group
+
+    names = find_groups(store)
+    if group is not None:
+        if group not in names:
+            raise UserError(f"{store} has no experiment group {group!r}; it has {names}")
+        names = [group]
+    return [verify_group(store, name, _declared) for name in names]
+
+
+def _cells(n: int) -> str:
+    return f"{n} cell" if n == 1 else f"{n} cells"
+
+
+def _damage_lines(store: str, report, limit: int | None = SHOWN_DAMAGED) -> list[str]:
+    out = [f"  damaged: {p}" for p in report.problems]
+    out += [f"  damaged: {line}" for line in report.lines(limit)]
+    if report.damaged and limit is not None:
+        out.append(f"  `kktlab verify {store}` lists every damaged cell; `kktlab run` on the config recomputes them")
+    return out
 
 
 def cmd_run(args) -> int:
@@ -60,22 +94,37 @@ def cmd_run(args) -> int:
     from flows.sweep import open_store, run
     from storage.query import open_results, summary
 
+    damaged = []
     for cfg, store in zip(cfgs, stores):
-        open_store(cfg, store, cfg.runner["device"])
+        if os.path.exists(os.path.join(store, "zarr.json")):
+            from storage.verify import find_groups
+
+            find_groups(store)  # a group whose metadata is gone: one line, before anything runs
+        opened = open_store(cfg, store, cfg.runner["device"])
+        restored = opened.restore_arrays(cfg.exp, cfg.grid, cfg.exp.extra_dims(cfg.cells()))
+        if restored:
+            print(f"[kktlab] {store}: re-created damaged arrays from the template: {', '.join(restored)}",
+                  file=sys.stderr)
+        damaged.append(opened.verify(cfg.exp))
     all_stats = []
     try:
         with runtime.prefect_api():  # stopped on the way out, whatever happens (SIGTERM included)
-            for cfg, store in zip(cfgs, stores):
+            for cfg, store, report in zip(cfgs, stores, damaged):
                 print(f"[kktlab] {cfg.experiment} '{cfg.name}': {cfg.n_cells} cells -> {store}",
                       file=sys.stderr)
+                if report.damaged:
+                    print(f"[kktlab] {report.damaged} done cells are damaged; they are recomputed:", file=sys.stderr)
+                    print("\n".join(report.lines(SHOWN_DAMAGED)), file=sys.stderr)
                 stats = run(cfg, store, force=args.force, retry_failed=args.retry_failed)
+                stats["damaged_recomputed"] = report.damaged
                 all_stats.append(stats)
                 print(f"\n== {cfg.experiment} / {cfg.name}")
                 print(summary(open_results(store, cfg.name), variables=cfg.exp.summary))
                 print(f"store: {os.path.abspath(store)}  group: {cfg.name}")
                 print("cells: {total} total, {done_before} done before, {written} written now ({from_cache} of "
-                      "them from the result cache), {failed} failed, {refused_done} refused (already done), "
-                      "{bundles} bundles, {wall_s:.1f} s".format(**stats))
+                      "them from the result cache, {damaged_recomputed} damaged cells recomputed), {failed} "
+                      "failed, {refused_done} refused (already done), {bundles} bundles, {wall_s:.1f} s"
+                      .format(**stats))
                 for line in stats["failures"]:
                     print(f"  failed: {line}")
     except KeyboardInterrupt:
@@ -155,21 +204,50 @@ def cmd_deploy(args) -> int:
 
 
 def cmd_status(args) -> int:
+    """Cells done / total per group; done cells that are damaged (storage/verify.py) are not
+    counted as done but named below (exit status 1)."""
     from storage.query import status
 
-    rows = status(args.store)
-    for r in rows:
-        pct = 100 * r["done"] / r["total"] if r["total"] else 100
-        failed = f"  {r['failed']} failed" if r["failed"] else ""
-        print(f"{r['group']:<24} {r['experiment']:<12} {r['done']:>7}/{r['total']:<7} ({pct:.0f}%){failed}")
-        for cell, err in list(r["failures"].items())[:10]:
-            print(f"    failed {cell}: {err}")
-    return 0
+    rc = 0
+    failures = {row["group"]: row for row in status(args.store)}
+    for r in _verify(args.store):
+        pct = 100 * r.sound / r.total if r.total else 100
+        extra = f"  + {_cells(r.damaged)} damaged (done, values lost)" if r.damaged else ""
+        row = failures.get(r.group, {})
+        if row.get("failed"):
+            extra += f"  ({_cells(row['failed'])} failed: `kktlab run --retry-failed` computes them again)"
+        print(f"{r.group:<24} {r.experiment:<12} {r.sound:>7}/{r.total:<7} ({pct:.0f}%){extra}")
+        for line in _damage_lines(args.store, r):
+            print(line)
+        for cell, err in list(row.get("failures", {}).items())[:SHOWN_DAMAGED]:
+            print(f"  failed: {cell}: {err}")
+        rc = rc or int(not r.ok)
+    return rc
+
+
+def cmd_verify(args) -> int:
+    """Every done cell has every variable readable (chunk present, checksum matching) and finite
+    where declared; names each damaged cell. Exit status 1 when anything is damaged."""
+    rc = 0
+    for r in _verify(args.store, args.group):
+        state = "ok" if r.ok else f"DAMAGED: {_cells(r.damaged)}" + (", whole arrays" if r.problems else "")
+        print(f"{r.group} ({r.experiment}): {r.sound} of {r.total} cells done and sound, {state}")
+        for line in _damage_lines(args.store, r, limit=None):
+            print(line)
+        for note in r.notes:
+            print(f"  note: {note}")
+        rc = rc or int(not r.ok)
+    return rc
 
 
 def cmd_show(args) -> int:
     from storage.query import groups, open_results, provenance, summary
 
+    for r in _verify(args.store, args.group):  # never a summary over damaged cells
+        if not r.ok:
+            first = (r.problems + r.lines(1))[0]
+            raise UserError(f"group '{r.group}' of {args.store} is damaged ({_cells(r.damaged)}; {first}): "
+                            f"`kktlab verify {args.store}` lists it all, `kktlab run` on its config repairs it")
     for g in [args.group] if args.group else groups(args.store):
         ds = open_results(args.store, g)
         print(f"== {g}")
@@ -236,6 +314,10 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("status", help="cells done / total per experiment")
     s.add_argument("store")
     s.set_defaults(fn=cmd_status)
+    s = sub.add_parser("verify", help="check every done cell's values (chunks, checksums, finite); name damaged cells")
+    s.add_argument("store")
+    s.add_argument("--group")
+    s.set_defaults(fn=cmd_verify)
     s = sub.add_parser("show", help="the xarray summary of a store")
     s.add_argument("store")
     s.add_argument("--group")

@@ -6,6 +6,10 @@ whole along the extra dims, so each cell owns its chunks and two writers never s
 A boolean ``done`` variable marks finished cells, and ``failed`` the done cells whose computation
 raised (their variables keep the fill value; the error text is in the group attribute
 ``kktlab_failures``).
+
+Every chunk (coordinates included) ends in a crc32c checksum, so a flipped byte or a garbage chunk
+reads as an error instead of a wrong number (storage/verify.py); the group attribute
+``kktlab_variables`` lists the variables a complete cell has.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import dask.array as da
 import numpy as np
 import xarray as xr
+from zarr.codecs import Crc32cCodec, ZstdCodec
 
 from core.declare import Experiment
 
@@ -20,6 +25,9 @@ DONE = "done"
 FAILED = "failed"  # the cell's computation raised; its error text is in the group attr FAILURES
 FAILURES = "kktlab_failures"
 STATUS = "status"  # the variable whose ``ok_values`` attribute says which cells are usable
+FINITE = "must_be_finite"  # array attribute: a done cell's value is finite (ints: not the fill -1)
+VARIABLES = "kktlab_variables"  # group attribute: the variable names, ``done`` included
+CHECKSUM = "crc32c"  # the codec that ends every chunk written from this template
 
 
 def coord_values(values: list) -> np.ndarray:
@@ -54,6 +62,8 @@ def template(exp: Experiment, grid: dict[str, list], extra_sizes: dict[str, int]
         attrs = {"units": var.units, "description": var.description}
         if var.ok:
             attrs["ok_values"] = [int(v) for v in var.ok]
+        if var.finite:
+            attrs[FINITE] = True
         data_vars[name] = xr.Variable(vdims, arr, attrs=attrs)
     data_vars[DONE] = xr.Variable(
         dims, da.zeros(shape, dtype=bool, chunks=(1,) * len(dims)),
@@ -65,13 +75,14 @@ def template(exp: Experiment, grid: dict[str, list], extra_sizes: dict[str, int]
                                             "has the error); its variables hold the fill value"},
     )
     coords = {k: coord_values(v) for k, v in grid.items()}
-    return xr.Dataset(data_vars, coords=coords)
+    return xr.Dataset(data_vars, coords=coords, attrs={VARIABLES: sorted(data_vars)})
 
 
 def encoding(ds: xr.Dataset) -> dict:
-    enc = {}
+    checksummed = (ZstdCodec(level=0), Crc32cCodec())  # zarr's default compressor, then the checksum
+    enc = {name: {"compressors": checksummed} for name in ds.coords}
     for name, var in ds.data_vars.items():
-        enc[name] = {"chunks": tuple(c[0] for c in var.chunks)}
+        enc[name] = {"chunks": tuple(c[0] for c in var.chunks), "compressors": checksummed}
         if np.dtype(var.dtype).kind in "fiu":  # unwritten chunks read as the template's fill (int: -1,
             enc[name]["fill_value"] = fill_value(var.dtype)  # not zarr's default 0 = "running")
     return enc

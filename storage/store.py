@@ -4,7 +4,10 @@ Layout: ``<store>/<group>/`` is one experiment (group = config ``name``). The gr
 hold provenance (config, versions, git commit, device) and what defines the grid, so a rerun
 can check it is the same experiment. Writes go straight to the Zarr arrays of one cell
 (every chunk belongs to exactly one cell); ``done`` is set last, so a kill between the two
-leaves the cell pending and it is recomputed.
+leaves the cell pending and it is recomputed. Every chunk of a done cell is written, even an
+all-NaN one, so :mod:`storage.verify` can tell a deleted chunk from a fill value; damaged cells
+are marked not done (:meth:`Store.mark_not_done`) and a deleted array is re-created from the
+template (:meth:`Store.restore_arrays`).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import pathlib
 import platform
 import shutil
 import subprocess
+import tempfile
 import warnings
 
 import numpy as np
@@ -27,6 +31,7 @@ from filelock import FileLock
 from core.declare import Experiment
 from core.errors import StoreError
 from storage import schema
+from storage import verify as verify_mod
 
 warnings.filterwarnings("ignore", message=".*Consolidated metadata.*")
 warnings.filterwarnings("ignore", message=".*does not have a Zarr V3 specification.*")
@@ -158,6 +163,43 @@ class Store:
     def done_mask(self) -> np.ndarray:
         return np.asarray(self.group()[schema.DONE][...], dtype=bool)
 
+    def verify(self, exp: Experiment | None = None) -> verify_mod.Report:
+        """Which done cells are damaged (storage/verify.py); ``exp`` declares the variables of
+        stores made before the group listed them."""
+        declared = (lambda name: tuple(exp.variables)) if exp is not None else None
+        return verify_mod.verify_group(self.path, self.group_name, declared)
+
+    # --- repair ---------------------------------------------------------------------------
+    def mark_not_done(self, indices) -> int:
+        """Clear the ``done`` flag of these cells (damaged ones: a rerun recomputes them)."""
+        n = 0
+        for idx in indices:
+            self._array(schema.DONE)[tuple(idx)] = False
+            n += 1
+        return n
+
+    def restore_arrays(self, exp: Experiment, grid: dict[str, list], extra_sizes: dict[str, int]) -> list[str]:
+        """Re-create, empty and from the template, every array (variable, ``done``, coordinate)
+        whose metadata is missing or unreadable or, for a coordinate, whose values do not decode.
+        Returns their names; the done cells they held are damaged and found by :meth:`verify`."""
+        ds = schema.template(exp, grid, extra_sizes)
+        gpath = self.path / self.group_name
+        broken = [name for name in ds.variables if not _array_sound(gpath / str(name), name in ds.coords)]
+        if not broken:
+            return []
+        tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{self.path.name}.restore-", dir=self.path.parent))
+        try:
+            with FileLock(str(self.path) + ".lock"):
+                ds.to_zarr(str(tmp), group=self.group_name, mode="w-", compute=False,
+                           encoding=schema.encoding(ds), zarr_format=3, consolidated=False)
+                for name in broken:
+                    shutil.rmtree(gpath / str(name), ignore_errors=True)
+                    shutil.copytree(tmp / self.group_name / str(name), gpath / str(name))
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        self._group_rw, self._arrays = None, {}
+        return [str(n) for n in broken]
+
     # --- writing --------------------------------------------------------------------------
     def write_cell(self, index: tuple[int, ...], values: dict, *, force: bool = False,
                    replace_failed: bool = False) -> bool:
@@ -222,13 +264,23 @@ class Store:
     def _array(self, name: str) -> zarr.Array:
         if self._group_rw is None:
             self._group_rw = self.group("r+")
-        if name not in self._arrays:
-            self._arrays[name] = self._group_rw[name]
+        if name not in self._arrays:  # every chunk written, even an all-fill one (see the module doc)
+            self._arrays[name] = self._group_rw[name].with_config({"write_empty_chunks": True})
         return self._arrays[name]
 
     def cell_indices(self) -> list[tuple[int, ...]]:
         shape = self.group()[schema.DONE].shape
         return list(itertools.product(*(range(s) for s in shape)))
+
+
+def _array_sound(apath: pathlib.Path, read_values: bool) -> bool:
+    try:
+        arr = zarr.open_array(str(apath), mode="r", zarr_format=3)
+        if read_values:
+            arr[...]
+    except Exception:  # noqa: BLE001 - any fault of metadata or values: re-create the array
+        return False
+    return True
 
 
 def open_dataset(path: str | pathlib.Path, group: str) -> xr.Dataset:

@@ -25,7 +25,7 @@ EXPERIMENT = register(Experiment(
     params={"n_matmuls": Param(int, 100, "128x128 float32 matmuls per cell", min=0, max=10**7),
             "seed": Param(int, 0, "seed of the matrices", min=0, max=2**32 - 1)},
     variables={"checksum": Var("1", "sum of the final matrix (proves the work ran)"),
-               "wall_s": Var("s", "time the cell's work took on its worker")},
+               "wall_s": Var("s", "time the cell's work took on its worker", finite=True)},
     run_bundle=run_bundle,
     bundle_key=lambda cell: (cell["n_matmuls"],),
     cost=lambda cell: float(cell["n_matmuls"]),

@@ -99,7 +99,8 @@ V = {
                               "B_R(x*); cylinder / gaussian: the ball about 0 containing D2; NaN on the slab)"),
     "status": Var("1", "0 ok, 1 unbounded (ReLU, eps >= ||∇f(x*)||, P000-10), 2 subset simulation or nested "
                   "sampling stalled (eps below min of the mismatch on the domain), 3 estimate flagged unreliable "
-                  "by its estimator (log_volume, its stderr and log_probability NaN; see log_volume_unreliable)", ok=(0,)),
+                  "by its estimator (log_volume, its stderr and log_probability NaN; see log_volume_unreliable)", ok=(0,),
+                  finite=True),
     "reliable": Var("1", "1 if the estimator trusts its estimate and stated stderr, 0 if it flags it unreliable "
                     "(subset_importance: Pareto k-hat > 0.7); such a cell is kept out of figures and summaries"),
     "log_volume_unreliable": Var("log(volume)", "the raw log_volume of an estimate flagged unreliable (status 3), "
@@ -108,7 +109,7 @@ V = {
     "importance_ess": Var("1", "subset_importance: effective sample size of the final importance weights"),
     "importance_khat": Var("1", "subset_importance: Pareto k-hat of the weight tail (> 0.7: stated stderr "
                            "unreliable)"),
-    "wall_time": Var("s", "wall time of the cell"),
+    "wall_time": Var("s", "wall time of the cell", finite=True),
 }
 assert set(V) == set(OUTPUTS)
 

@@ -29,8 +29,8 @@ V = {
     "grad_forged_w0": Var("1", "∇_w f(w_0; x̃_0) (P000-15: -0.101799)"),
     "w_final_original": Var("1", "w_K of the original run (P000-15: < -1.5)"),
     "w_final_forged": Var("1", "w_K of the forged run (P000-15: > 1.5)"),
-    "opposite_basins": Var("1", "1 if sign(w_K) differs between the runs", "int8"),
-    "wall_time": Var("s", "wall time of the cell"),
+    "opposite_basins": Var("1", "1 if sign(w_K) differs between the runs", "int8", finite=True),
+    "wall_time": Var("s", "wall time of the cell", finite=True),
 }
 assert set(V) == set(OUTPUTS)
 

@@ -52,10 +52,10 @@ P = {
 }
 
 V = {
-    "m_used": Var("1", "number of training samples m", "int64"),
-    "iters": Var("1", "training iterations taken", "int64"),
+    "m_used": Var("1", "number of training samples m", "int64", finite=True),
+    "iters": Var("1", "training iterations taken", "int64", finite=True),
     "status": Var("1", ", ".join(f"{k} {v}" for k, v in train.STATUS_NAMES.items()), "int8",
-                  ok=(train.CONVERGED,)),
+                  ok=(train.CONVERGED,), finite=True),
     "log10_loss": Var("log10", "final full-data mean loss, log10"),
     "train_acc": Var("1", "fraction of training samples with y N(x) > 0"),
     "q_min": Var("1", "smallest margin y_i N(x_i) (raw parameters)"),
@@ -85,7 +85,7 @@ V = {
     "theory_min_neg": Var("1", "min_{I-} N_hat(x + z); Thm 4.1: >= 1"),
     "robust_radius": Var("l2 norm", "certified radius (1-rho) sqrt(d)/2 of the Thm 3.1 net"),
     "robust_c_star": Var("l2 norm", "c_star of the Thm 3.1 net along the same direction"),
-    "wall_s": Var("s", "bundle training wall time divided by the bundle's cells"),
+    "wall_s": Var("s", "bundle training wall time divided by the bundle's cells", finite=True),
     "q_sample": Var("1", "per-sample margins y_i N(x_i) (NaN past m)", dims=("sample",)),
     "r_sample": Var("l2 norm", "per-sample first flip r_i along the direction (NaN outside I)", dims=("sample",)),
     "margin_tight_sample": Var("1", "1 if the sample is in the slack-1.01 margin set (-1 past m)", "int8", dims=("sample",)),
