@@ -209,8 +209,9 @@ def cmd_status(args) -> int:
     from storage.query import status
 
     rc = 0
+    reports = _verify(args.store)  # metadata damage: one line (StoreError) before anything else reads it
     failures = {row["group"]: row for row in status(args.store)}
-    for r in _verify(args.store):
+    for r in reports:
         pct = 100 * r.sound / r.total if r.total else 100
         extra = f"  + {_cells(r.damaged)} damaged (done, values lost)" if r.damaged else ""
         row = failures.get(r.group, {})

@@ -93,3 +93,12 @@ def test_diverged_net_is_stored_with_its_status_not_a_linalg_error():
     res = EXP.run_bundle(cells, "cpu")
     assert res[0]["status"] == 4 and np.isnan(res[0]["kkt_eps"]) and res[0]["kkt_support"] == -1
     assert res[1]["status"] == 1 and np.isfinite(res[1]["kkt_eps"])
+
+
+def test_net_stopped_before_separating_has_no_kkt_fit_and_no_error():
+    """``max_iters: 5`` (d = 10, width 8): the nets stop (status 2) while misclassifying, q_min <= 0, so
+    θ/√q_min is undefined: no KKT fit (NaN, support -1) instead of an overflowing Gram matrix."""
+    res = EXP.run_bundle([dict(BASE, d=10, width=8, max_iters=5, seed=s) for s in (0, 1, 2)], "cpu")
+    assert [r["status"] for r in res] == [2, 2, 2]
+    assert all(np.isnan(r["kkt_eps"]) and r["kkt_support"] == -1 for r in res if r["q_min"] <= 0)
+    assert any(r["q_min"] <= 0 for r in res)

@@ -10,6 +10,7 @@ from flows import config, experiments
 from flows.experiments import Experiment, Param, Var
 from flows.sweep import retry_unless_user_error, run
 from storage.query import open_results, status, summary_frame
+from storage.verify import verify_group
 
 CALLS = {"n": 0, "cells": []}
 
@@ -73,6 +74,8 @@ def test_numerical_failure_is_stored_per_cell_and_the_rest_finish(prefect_server
     assert ds.done.values.all() and ds.failed.values.tolist() == [False, True, False, False]
     np.testing.assert_array_equal(ds.value.values, [0.0, np.nan, 2.0, 3.0])
     assert summary_frame(ds, over="none")["n_used"].tolist() == [1, 0, 1, 1]  # never averaged in
+    report = verify_group(store, "numeric", None)
+    assert report.ok and report.sound == 4  # a failed cell is done and sound: not "damaged", not recomputed
     row = status(store)[0]
     assert row["failed"] == 1 and "LinAlgError" in row["failures"]["seed=1"]
     CALLS.update(n=0, cells=[])

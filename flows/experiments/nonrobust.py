@@ -71,7 +71,8 @@ V = {
     "r_median": Var("l2 norm", "median over I of the per-sample first flip r_i"),
     "r_min": Var("l2 norm", "smallest per-sample first flip r_i over I"),
     "margin_frac_tight": Var("1", "|I| / m at slack 1.01 (spec A13: the exact margin set of Cor 4.1)"),
-    "kkt_eps": Var("1", "KKT stationarity residual / ||theta_hat|| (spec §2.11)"),
+    "kkt_eps": Var("1", "KKT stationarity residual / ||theta_hat|| (spec §2.11); NaN when not fitted "
+                  "(m > kkt_max_m, or the net does not separate its data)"),
     "kkt_eps_proj": Var("1", "KKT residual with W projected on span{x_i} (spec §2.11)"),
     "kkt_support": Var("1", "|{i : lambda_i > 0}|, the NNLS support (spec A13); -1 when not fitted", "int64"),
     "kkt_delta": Var("1", "complementary slackness sum lambda_i (q_hat_i - 1)"),

@@ -77,11 +77,13 @@ def robust(X: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, d: torch.Tensor
 
 
 def _kkt_per_cell(net, X, y, mask, cells) -> list[kkt.KKTFit | None]:
-    """The KKT fit (spec 002 §2.11) of every cell with m <= its ``kkt_max_m`` and finite weights (a
-    diverged net has NaN ones: its Gram matrix breaks ``eigvalsh``), on a sub-stack cut to those
-    cells' largest m (so a small-m cell never depends on a large one); None elsewhere."""
-    finite = [bool(t) for t in net.finite()]
-    idx = [e for e, c in enumerate(cells) if n_samples(c) <= c["kkt_max_m"] and finite[e]]
+    """The KKT fit (spec 002 §2.11) of every cell with m <= its ``kkt_max_m`` whose net separates its
+    data (q_min > 0: θ̂ = θ/√q_min is defined; a diverged net has NaN weights, one stopped early may
+    misclassify, and either made ``eigvalsh`` fail on an overflowing Gram matrix), on a sub-stack cut
+    to those cells' largest m (so a small-m cell never depends on a large one); None elsewhere."""
+    q_min = kkt.margins(net, X, y).masked_fill(~mask, math.inf).min(1).values
+    fits_ok = (net.finite() & (q_min > 0)).tolist()
+    idx = [e for e, c in enumerate(cells) if n_samples(c) <= c["kkt_max_m"] and fits_ok[e]]
     out: list[kkt.KKTFit | None] = [None] * len(cells)
     if not idx:
         return out
