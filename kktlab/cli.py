@@ -127,8 +127,9 @@ def cmd_run(args) -> int:
                       .format(**stats))
                 for line in stats["failures"]:
                     print(f"  failed: {line}")
-    except KeyboardInterrupt:
-        _say_how_far(cfgs, stores)
+    except BaseException:
+        if SIGNALLED:  # SIGTERM/SIGINT, whatever Prefect turned it into (TerminationSignal, Abort)
+            _say_how_far(cfgs, stores)
         raise
     if args.json:
         with open(args.json, "w") as f:
@@ -331,23 +332,43 @@ def main(argv: list[str] | None = None) -> int:
     s.set_defaults(fn=cmd_report)
     args = ap.parse_args(argv)
     signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGINT, _terminate)
     try:
         return args.fn(args)
     except UserError as err:
         print(f"kktlab: error: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("kktlab: stopped by a signal; the Prefect server and Dask cluster it started are shut down",
-              file=sys.stderr)
-        return 130
     except OSError as err:  # the file system or network refused; what was asked is in the message
+        if SIGNALLED:
+            return _stopped()
         print(f"kktlab: error: {err}", file=sys.stderr)
         return 1
+    except BaseException:
+        if not SIGNALLED:
+            raise
+        return _stopped()
+
+
+SIGNALLED: list[int] = []  # the signal that stopped this process, if one did
+
+
+def _stopped() -> int:
+    print(f"kktlab: stopped by {signal.Signals(SIGNALLED[0]).name}; the Prefect server and Dask cluster it "
+          "started are shut down", file=sys.stderr)
+    return 128 + SIGNALLED[0]
 
 
 def _terminate(signum, frame):
-    """SIGTERM unwinds like Ctrl-C: servers and clusters started by this process are stopped by
-    their context managers (issue 12 item 8)."""
+    """SIGTERM and SIGINT unwind like Ctrl-C: servers and clusters started by this process are
+    stopped by their context managers (issue 12 item 8). The services' own complaints about peers
+    going away while they shut down (Dask heartbeats, Prefect's log shipping) are muted."""
+    import logging
+
+    if not SIGNALLED:
+        SIGNALLED.append(signum)
+    logging.raiseExceptions = False
+    for name in ("distributed", "prefect", "tornado", "asyncio"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
     raise KeyboardInterrupt(f"signal {signum}")
 
 

@@ -193,7 +193,9 @@ def test_sigterm_stops_server_and_cluster_and_says_how_far(cli, write_config, tm
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 130, err[-2000:]
-    assert "kktlab: interrupted: term:" in err and "cells stored" in err and "Traceback" not in err
+    assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
+    assert "kktlab: interrupted: term:" in err and "cells stored" in err
+    assert "kktlab: stopped by SIGTERM" in err and "/kktlab/" not in err  # no traceback through kktlab's code
+    # (Dask worker processes may still log a closed heartbeat stream while the cluster goes down)
     gone, alive = psutil.wait_procs(children, timeout=30)
     assert not alive, [p.cmdline() for p in alive]
