@@ -13,7 +13,7 @@ import numpy as np
 import xarray as xr
 
 from analysis.acceptance import Row, skipped
-from analysis.nonrobust import OK, lines
+from analysis.nonrobust import lines, ok_statuses
 from storage.query import fixed_params, usable
 from tasks.train import STATUS_NAMES
 
@@ -50,8 +50,9 @@ def r1(ds: xr.Dataset) -> Row:
     acc = ds["train_acc"].values.astype(float)[done]
     ok = (loss < log10_target.values[done]) & (acc >= 1 - ACC_TOL)
     status = ds["status"].values[done] if "status" in ds else None
+    ok_codes = ok_statuses(ds)
     causes = "" if status is None else ", ".join(
-        f"{int((status == c).sum())} {name}" for c, name in STATUS_NAMES.items() if c not in OK and (status == c).any())
+        f"{int((status == c).sum())} {name}" for c, name in STATUS_NAMES.items() if c not in ok_codes and (status == c).any())
     pending = int((~done).sum())
     note = "; ".join(p for p in (f"not reached: {causes}" if causes else "",
                                  f"{pending} cells pending" if pending else "") if p)
@@ -67,7 +68,7 @@ def r2(ds: xr.Dataset) -> Row:
     if "c_star" not in ds or d is None:
         return skipped("R2", crit, thr)
     ratio_all = ds["c_star"].astype(float) / np.sqrt(xr.zeros_like(ds.done, dtype=float) + d)
-    mask = usable(ds, OK).values
+    mask = usable(ds, ok_statuses(ds)).values
     ratio = ratio_all.values[mask]
     left_out = int(ds.done.values.sum() - mask.sum())
     if ratio.size == 0:
@@ -88,7 +89,7 @@ def r3(ds: xr.Dataset) -> list[Row]:
     if "margin_frac" not in ds:
         return [skipped("R3", c, t) for c, _, _, t in specs]
     alpha = _alpha(ds).values
-    mask = usable(ds, OK).values
+    mask = usable(ds, ok_statuses(ds)).values
     frac = ds["margin_frac"].values.astype(float)
     for crit, which, bound, thr in specs:
         sel = mask & which(alpha)

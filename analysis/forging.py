@@ -6,7 +6,8 @@ stored, dashed bounds ((16), (17)-paper, (17)-corrected), slope fitted at report
 smallest third of eps (at least 2 points) printed in the legend beside the predicted exponent.
 Everything is drawn from the dataset; no numbers are hard-coded. An estimate its estimator flagged
 unreliable is stored as NaN (status 3, ``reliable`` = 0, raw value in ``log_volume_unreliable``,
-which is never read here), so the seed means skip it; the panel's note counts them.
+which is never read here); estimates are drawn from usable cells only (status 0, the declared
+``ok_values``; not failed), so the seed means skip the others; the panel's note counts them.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import numpy as np  # noqa: E402
 import xarray as xr  # noqa: E402
 
 from analysis.common import finish  # noqa: E402
-from storage.query import fixed_params  # noqa: E402
+from storage.query import fixed_params, usable  # noqa: E402
 from tasks.cells.forging import PROBABILITY_DOMAINS  # noqa: E402
 from tasks.forging.slopes import fit_log_slope  # noqa: E402
 
@@ -67,11 +68,24 @@ def _domain(ds: xr.Dataset, sel: dict) -> str:
     return str(fixed_params(ds).get("domain", "slab"))
 
 
+def _estimates_of_usable_cells(ds: xr.Dataset, var: str) -> xr.Dataset:
+    """The store's values of done, not-failed cells, with the estimate ``var`` and its stderr kept
+    only where the cell is usable (status in the declared ``ok_values``: 0, an estimate its
+    estimator trusts; storage.query.usable), so stalled, unbounded and unreliable estimates never
+    enter a point whatever their stored value; exact values and bounds stay for every done cell."""
+    sub = ds.where(ds.done & ~ds.failed) if "failed" in ds else ds.where(ds.done)
+    ok = usable(ds)
+    for v in (var, "log_volume_stderr"):
+        sub[v] = sub[v].where(ok)
+    return sub
+
+
 def _volume_panel(ds: xr.Dataset, sel: dict, out: pathlib.Path, note: str) -> pathlib.Path:
     """log mu (F000-3/4/6) or, for the cylinder / Gaussian laws, log P(forge) (F000-5) vs log eps."""
     probability = _domain(ds, sel) in PROBABILITY_DOMAINS
     var, bounds = ("log_probability", PROBABILITY_BOUNDS) if probability else ("log_volume", VOLUME_BOUNDS)
-    sub = ds.where(ds.done).sel(sel) if sel else ds.where(ds.done)
+    sub = _estimates_of_usable_cells(ds, var)
+    sub = sub.sel(sel) if sel else sub
     line = _line_dim(ds)
     keep = ("eps", line) if line else ("eps",)
     eps = np.asarray(ds["eps"].values, dtype=float)

@@ -25,7 +25,12 @@ from analysis.common import finish  # noqa: E402
 from storage.query import usable  # noqa: E402
 from tasks.train import CONVERGED, STATUS_NAMES  # noqa: E402
 
-OK = (CONVERGED,)  # also right for stores made before the status variable carried ok_values
+LEGACY_OK = (CONVERGED,)  # stores made before the status variable carried its ok_values
+
+
+def ok_statuses(ds: xr.Dataset) -> tuple[int, ...]:
+    """The statuses a figure uses: the store's declaration (``ok_values`` of ``status``)."""
+    return tuple(int(v) for v in ds["status"].attrs.get("ok_values", LEGACY_OK)) if "status" in ds else LEGACY_OK
 
 
 @dataclasses.dataclass
@@ -51,7 +56,7 @@ class Line:
 
 def lines(ds: xr.Dataset, var: str, x: str = "d") -> list[Line]:
     """The lines of a figure of ``var`` against ``x``, one per combination of the other grid dims."""
-    da = ds[var].where(usable(ds, OK)).astype(float).load()
+    da = ds[var].where(usable(ds, ok_statuses(ds))).astype(float).load()
     inf = np.isinf(da)
     finite = da.where(~inf)
     others = [dim for dim in ds.done.dims if dim not in (x, "seed")]
@@ -76,20 +81,25 @@ def exclusions(ds: xr.Dataset, var: str = "c_star") -> dict[str, int]:
     """Cells left out of the figures, by reason: pending, each non-converged status, ``var`` = inf."""
     done = ds.done.values.astype(bool)
     out = {"pending": int((~done).sum())}
+    ok = ok_statuses(ds)
+    if "failed" in ds:
+        failed = ds.failed.values.astype(bool)
+        out["failed"] = int((done & failed).sum())
+        done = done & ~failed
     if "status" in ds:
         status = ds["status"].values
         for code, name in STATUS_NAMES.items():
-            if code not in OK:
+            if code not in ok:
                 out[name] = int((done & (status == code)).sum())
     if var in ds:
-        out[f"{var}=inf"] = int((usable(ds, OK).values & np.isinf(ds[var].values.astype(float))).sum())
+        out[f"{var}=inf"] = int((usable(ds, ok).values & np.isinf(ds[var].values.astype(float))).sum())
     return {k: v for k, v in out.items() if v}
 
 
 def note(ds: xr.Dataset, var: str = "c_star", sep: str = "; ") -> str:
     """'20/24 cells used (converged, finite c_star); left out: 1 dead, 1 max_iters, 1 c_star=inf'."""
     ex = exclusions(ds, var)
-    used = int(usable(ds, OK).sum()) - ex.get(f"{var}=inf", 0)
+    used = int(usable(ds, ok_statuses(ds)).sum()) - ex.get(f"{var}=inf", 0)
     tail = sep + "left out: " + ", ".join(f"{v} {k}" for k, v in ex.items()) if ex else ""
     return f"{used}/{ds.done.size} cells used (converged, finite {var}){tail}"
 
