@@ -204,11 +204,17 @@ def _run_case(job: dict, out: str, timeout: float = 60.0) -> dict:
             os.dup2(fd, 1)
             os.dup2(fd, 2)
             os.environ.update(job["env"])
-            if job["uid"] is not None:
-                os.setgid(job["uid"])
-                os.setuid(job["uid"])
             sys.argv = ["kktlab", *job["argv"]]
             try:
+                if job["uid"] is not None:  # nobody may not read the checkout (CI clones into a 0700 dir):
+                    import importlib  # import what the command needs first, then drop to nobody
+
+                    for mod in ("kktlab.cli", "kktlab.preflight", "deploy.probe", "deploy.runtime", "flows.sweep",
+                                "storage.query", "storage.verify", "storage.store"):
+                        importlib.import_module(mod)
+                    os.setgid(job["uid"])
+                    os.setuid(job["uid"])
+                    sys.exit(sys.modules["kktlab.cli"].main(job["argv"]))
                 runpy.run_module("kktlab.cli", run_name="__main__", alter_sys=True)
                 code = 0
             except SystemExit as exit_:
