@@ -214,7 +214,8 @@ class Store:
             extra = arr.shape[len(index):]
             v = np.asarray(value, dtype=arr.dtype)
             if extra:
-                full = np.full(extra, schema.fill_value(arr.dtype), dtype=arr.dtype)
+                pad = arr.attrs.get(schema.PAD) if v.size else None  # an empty value: not stored, all fill
+                full = np.full(extra, schema.fill_value(arr.dtype) if pad is None else pad, dtype=arr.dtype)
                 full[tuple(slice(0, s) for s in v.shape)] = v
                 v = full
             arr[index] = v
