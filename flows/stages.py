@@ -36,6 +36,7 @@ from typing import Any
 
 from core.errors import ConfigError
 from flows import config as config_mod
+from flows import experiments
 
 CHAIN_KEYS = ("name", "description", "store", "runner", "stages")
 STAGE_KEYS = ("name", "experiment", "grid", "params", "cases", "from")
@@ -84,8 +85,10 @@ def parse_chain(raw: dict, text: str = "") -> Chain:
         raise ConfigError("stages", "expected a non-empty list of stages (each: name, experiment, grid, params, "
                           "optional cases and from)")
     for field in ("name", "store", "description"):
-        if raw.get(field) is not None and (not isinstance(raw[field], str) or not raw[field].strip()):
-            raise ConfigError(field, "expected a non-empty string")
+        if raw.get(field) is not None and not isinstance(raw[field], str):
+            raise ConfigError(field, f"expected a string, got {type(raw[field]).__name__}")
+        if field != "description" and raw.get(field) is not None and not raw[field].strip():
+            raise ConfigError(field, "is empty; leave the key out for the default")
     name = raw.get("name") or "chain"
     if not name.replace("-", "").replace("_", "").isalnum():
         raise ConfigError("name", f"{name!r}: use letters, digits, '-' and '_' only")
@@ -98,6 +101,8 @@ def parse_chain(raw: dict, text: str = "") -> Chain:
         sizes = ", ".join(f"{s.name} {s.n_cells:,}" for s in stages)
         raise ConfigError("stages", f"{total:,} cells ({sizes}) is more than the limit of {runner['max_cells']:,} "
                           f"(runner.max_cells); pass --max-cells {total} if you mean it")
+    for s in stages:
+        s.text = text  # provenance: every group keeps the whole chain's config
     chain = Chain(name=name, store=raw.get("store"), runner=runner, stages=stages,
                   description=raw.get("description") or "", text=text)
     config_mod.check_payload(chain)
@@ -124,6 +129,15 @@ def _stage(i: int, st: Any, raw: dict, earlier: list[config_mod.Config]) -> conf
     one = {"experiment": st.get("experiment"), "name": name, "grid": grid, "params": st.get("params"),
            "runner": raw.get("runner")}
     source = st.get("from")
+    if source is not None:
+        up = _upstream(f, name, source, earlier, raw)
+        if st.get("experiment") in experiments.names():
+            _reads(f, experiments.get(st["experiment"]), source, up)
+        up_grid = up.store_grid
+        for axis in grid:
+            if axis in up_grid:
+                raise ConfigError(f"{f}.grid.{axis}", f"is also an axis of stage {source!r} (its cells' dims come "
+                                  "first in this stage's group); name each axis in one stage only")
     try:
         cfg = config_mod.parse_one(one, source=source)
     except ConfigError as err:
@@ -135,26 +149,26 @@ def _stage(i: int, st: Any, raw: dict, earlier: list[config_mod.Config]) -> conf
                               "name it in 'from'")
         return cfg
     up = _upstream(f, name, source, earlier, raw)
-    up_exp = up.exp
-    if not exp.reads:
-        raise ConfigError(f"{f}.from", f"experiment '{exp.name}' reads nothing from another stage; "
-                          "leave 'from' out")
-    if exp.reads not in up_exp.produces:
-        made = ", ".join(map(repr, up_exp.produces)) or "nothing"
-        raise ConfigError(f"{f}.from", f"experiment '{exp.name}' reads {exp.reads!r}, stage {source!r} "
-                          f"(experiment '{up_exp.name}') produces {made}")
-    if up.params.get("store_nets") is False:
-        raise ConfigError(f"{f}.from", f"stage {source!r} has store_nets: false, so it stores no nets to read")
-    for axis in cfg.grid:
-        if axis in up.store_grid:
-            raise ConfigError(f"{f}.grid.{axis}", f"is also an axis of stage {source!r} (its cells' dims come "
-                              "first in this stage's group); name each axis in one stage only")
+    _reads(f, exp, source, up)
     cfg.upstream_grid = dict(up.store_grid)
     cfg.upstream_extra = up.extra_sizes()
     if math.prod(len(v) for v in cfg.store_grid.values()) > cfg.runner["max_cells"]:
         raise ConfigError(f"{f}.grid", f"{cfg.n_cells:,} cells (the cells of {source!r} x this grid) is more than "
                           f"the limit of {cfg.runner['max_cells']:,} (runner.max_cells)")
     return cfg
+
+
+def _reads(f: str, exp, source: str, up: config_mod.Config) -> None:
+    """Can ``exp`` read what stage ``up`` produces?"""
+    if not exp.reads:
+        raise ConfigError(f"{f}.from", f"experiment '{exp.name}' reads nothing from another stage; "
+                          "leave 'from' out")
+    if exp.reads not in up.exp.produces:
+        made = ", ".join(map(repr, up.exp.produces)) or "nothing"
+        raise ConfigError(f"{f}.from", f"experiment '{exp.name}' reads {exp.reads!r}, stage {source!r} "
+                          f"(experiment '{up.exp.name}') produces {made}")
+    if up.params.get("store_nets") is False:
+        raise ConfigError(f"{f}.from", f"stage {source!r} has store_nets: false, so it stores no nets to read")
 
 
 def _upstream(f: str, name: str, source: Any, earlier: list[config_mod.Config], raw: dict) -> config_mod.Config:
