@@ -1,4 +1,5 @@
-"""Reading results: ``open_results(path)`` -> xarray.Dataset, status and summaries."""
+"""Reading results: ``open_results(path)`` -> xarray.Dataset (or DataTree, one node per stage),
+``load_nets`` (stored nets as tensors), status and summaries."""
 
 from __future__ import annotations
 
@@ -23,15 +24,19 @@ def groups(path: str | pathlib.Path) -> list[str]:
     return sorted(name for name, g in root.groups() if "kktlab_identity" in g.attrs)
 
 
-def open_results(path: str | pathlib.Path, group: str | None = None) -> xr.Dataset:
-    """The results of one experiment as an xarray.Dataset (lazy, dask-backed).
+def open_results(path: str | pathlib.Path, group: str | None = None) -> xr.Dataset | xr.DataTree:
+    """The results of one experiment group as an xarray.Dataset (lazy, dask-backed).
 
-    ``group`` may be left out when the store holds a single experiment.
-    """
+    ``group`` may be left out when the store holds a single group (a config without stages):
+    its Dataset. A store of several groups (the stages of a chain, one node per stage named after
+    it, or several configs sharing a store) without ``group``: an ``xarray.DataTree`` of them
+    (``xr.open_datatree(path, engine="zarr")`` opens the same tree)."""
     names = groups(path)
     if group is None:
-        if len(names) != 1:
-            raise StoreError(f"{path} holds {len(names)} experiments {names}; pass group=")
+        if not names:
+            raise StoreError(f"{path} holds no experiment group")
+        if len(names) > 1:
+            return xr.DataTree.from_dict({f"/{name}": open_dataset(path, name) for name in names})
         group = names[0]
     if group not in names:
         raise StoreError(f"{path} has no experiment group {group!r}; it has {names}")
