@@ -62,6 +62,9 @@ class Var:
     # True if every done cell's value is finite (ints: never the fill -1), e.g. a wall time or a status;
     # `kktlab verify` flags a done cell where it is not. Leave False where NaN / inf can be a result.
     finite: bool = False
+    # What is stored past a cell's true size along the extra dims (e.g. 0.0: zero-padded nets);
+    # None: the fill value (NaN, -1). An empty value (size 0) is "not stored": all fill.
+    pad: float | None = None
 
 
 Cell = dict[str, Any]
@@ -98,3 +101,9 @@ class Experiment:
     checkpoints: bool = False
     # Variables of the terminal summary table (default: every scalar variable).
     summary: tuple[str, ...] = ()
+    # Stages (flows/stages.py): what this experiment's cells leave in the store for a later stage
+    # to read (e.g. train: ("nets",)), and what it reads from the stage named in its ``from``
+    # (e.g. universal_attack: "nets"). A reading experiment's ``run_bundle`` takes ``inputs=``:
+    # what the sweep loaded from the upstream cells (storage.query.load_nets for "nets").
+    produces: tuple[str, ...] = ()
+    reads: str | None = None

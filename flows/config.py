@@ -44,7 +44,7 @@ MAX_CONFIG_BYTES = 256 * 1024  # the config travels as Prefect flow parameters (
 PREFECT_PARAMETER_LIMIT = 524_288  # Prefect's default server.api.max_parameter_size
 # a Dask scheduler address: protocol://host:port (host a name, IPv4 or [IPv6])
 ADDRESS = re.compile(r"^(tcp|tls|ucx|ws|wss)://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})$")
-TOP_KEYS = ("experiment", "name", "description", "store", "grid", "params", "runner")
+TOP_KEYS = ("experiment", "name", "description", "store", "grid", "params", "runner", "stages")
 RUNNER = {
     "cluster": Param(str, "local", "local: LocalCluster; address: an existing scheduler; cuda: LocalCUDACluster; "
                      "inline: no Dask (run bundles in the flow process)", choices=("local", "address", "cuda", "inline")),
@@ -70,6 +70,11 @@ class Config:
     description: str = ""
     text: str = ""
     cases: dict[str, dict] = dataclasses.field(default_factory=dict)  # axis -> {coordinate: overrides}
+    # A stage of a chain (flows/stages.py) that reads from an earlier stage: its name, and that
+    # stage's store dims (its group's dims come first) and extra dims (inherited).
+    source: str | None = None
+    upstream_grid: dict[str, list] = dataclasses.field(default_factory=dict)
+    upstream_extra: dict[str, int] = dataclasses.field(default_factory=dict)
 
     def store_path(self, override: str | None = None) -> str:
         """Where results go: ``override`` (``--store``), else the config's ``store``, else
@@ -81,9 +86,30 @@ class Config:
         return experiments.get(self.experiment)
 
     @property
+    def stages(self) -> list["Config"]:
+        """A config without ``stages:`` is a chain of one (see flows/stages.py)."""
+        return [self]
+
+    @property
+    def store_grid(self) -> dict[str, list]:
+        """The dims and coords of the store group: the upstream stage's, then this stage's axes."""
+        return {**self.upstream_grid, **self.grid}
+
+    @property
     def n_cells(self) -> int:
-        """How many cells the grid has, from the axis lengths (the grid is not materialised)."""
-        return math.prod(len(v) for v in self.grid.values())
+        """How many cells the store group has, from the axis lengths (the grid is not materialised)."""
+        return math.prod(len(v) for v in self.store_grid.values())
+
+    def store_cells(self) -> list[dict]:
+        """The parameters of every cell of the store group, in C order of its dims: this stage's
+        cells, repeated once per upstream cell (which upstream cell is the leading part of the
+        cell's index)."""
+        own = self.cells()
+        return [cell for _ in range(math.prod(len(v) for v in self.upstream_grid.values())) for cell in own]
+
+    def extra_sizes(self) -> dict[str, int]:
+        """Sizes of the extra (non-grid) dims: the upstream's, then this experiment's own."""
+        return {**self.upstream_extra, **self.exp.extra_dims(self.cells())}
 
     def iter_cells(self):
         """Every grid cell as a full parameter dict, in C order of the grid dims, one at a time."""
@@ -156,11 +182,22 @@ def _case(exp: Experiment, name: str, axis: str, field: str, case: dict, grid_ra
     return value
 
 
-def parse(raw: Any, text: str = "") -> Config:
+def parse(raw: Any, text: str = ""):
+    """A validated :class:`Config`, or for a config with ``stages:`` a :class:`flows.stages.Chain`
+    (both have ``.stages``, ``.name``, ``.runner``, ``.store_path()``)."""
     if not isinstance(raw, dict):
         raise ConfigError("<top>", "a config is a YAML mapping with keys " + ", ".join(TOP_KEYS))
+    if "stages" in raw:
+        from flows import stages
+
+        return stages.parse_chain(raw, text)
+    return parse_one(raw, text)
+
+
+def parse_one(raw: dict, text: str = "", source: str | None = None) -> Config:
+    """One experiment (a config without stages, or one stage of a chain)."""
     for key in raw:
-        if key not in TOP_KEYS:
+        if key not in TOP_KEYS or key == "stages":
             raise ConfigError(str(key), f"unknown key; allowed: {', '.join(TOP_KEYS)}")
     name = raw.get("experiment")
     if name is None:
@@ -242,7 +279,7 @@ def parse(raw: Any, text: str = "") -> Config:
                                   "set a parameter from the cases of one axis only")
             overridden[k] = axis
     cfg = Config(experiment=name, name=group, store=raw.get("store"), grid=grid, params=params,
-                 runner=runner, description=raw.get("description") or "", text=text, cases=cases)
+                 runner=runner, description=raw.get("description") or "", text=text, cases=cases, source=source)
     for cell in cfg.iter_cells():
         exp.check(cell)
     check_payload(cfg)

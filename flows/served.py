@@ -23,6 +23,7 @@ def submit(config_path: str, store: str | None = None, overrides: dict | None = 
     cfg = config_mod.load(config_path, overrides or {})
     path = cfg.store_path(store)
     stats = run(cfg, path, force=force)
-    print(f"kktlab: {stats['written']} cells written to {path} group {cfg.name} "
-          f"({stats['done_before']} were done before, {stats['total']} in all)")
+    for st in stats if isinstance(stats, list) else [stats]:  # a chain: one per stage
+        print(f"kktlab: {st['written']} cells written to {path} group {st['group']} "
+              f"({st['done_before']} were done before, {st['total']} in all)")
     return stats

@@ -14,19 +14,15 @@ import functools
 import hashlib
 import json
 import pathlib
-import time
 
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
-from prefect.futures import as_completed
 
 from core.errors import UserError
 from deploy import dask as dask_specs
-from flows import checkpoint as checkpoint_io
 from flows import config as config_mod
 from flows import experiments
 from flows import result_cache
-from flows.bundles import make_bundles, memory_budget
 from flows.progress import Progress
 from storage.store import Store
 
@@ -81,12 +77,16 @@ def _describe(err: BaseException) -> str:
     return f"{type(err).__name__}: {err}".strip().splitlines()[0][:500]
 
 
-def compute_cells(exp, cells: list[dict], device: str, checkpoint: str | None) -> list[dict]:
+def compute_cells(exp, cells: list[dict], device: str, checkpoint: str | None, inputs=None) -> list[dict]:
     """The bundle's results; a cell whose computation raises becomes ``{FAILED: error}`` and the
     others are kept (issue 12 item 5). A failed bundle is split and its cells run one by one (a
     cell's numbers do not depend on its bundle mates, tests/test_bundle_invariance.py), so one bad
-    cell does not take the others down. Transient errors (memory, I/O, bad input) propagate."""
+    cell does not take the others down. Transient errors (memory, I/O, bad input) propagate.
+    ``inputs``: what a reading stage loaded from its upstream cells (storage.nets.Nets), one per cell."""
     kw = {"checkpoint": checkpoint} if exp.checkpoints and checkpoint else {}
+    one = lambda i: {"inputs": inputs.select([i])} if inputs is not None else {}  # noqa: E731
+    if inputs is not None:
+        kw["inputs"] = inputs
     try:
         return exp.run_bundle(cells, device, **kw)
     except _transient():
@@ -95,9 +95,9 @@ def compute_cells(exp, cells: list[dict], device: str, checkpoint: str | None) -
         if len(cells) == 1:
             return [{FAILED: _describe(err)}]
     out = []
-    for cell in cells:
+    for i, cell in enumerate(cells):
         try:
-            out.extend(exp.run_bundle([cell], device))
+            out.extend(exp.run_bundle([cell], device, **one(i)))
         except _transient():
             raise
         except Exception as err:  # noqa: BLE001
@@ -105,16 +105,34 @@ def compute_cells(exp, cells: list[dict], device: str, checkpoint: str | None) -
     return out
 
 
+def compute_reading(exp, cells: list[dict], device: str, inputs: dict) -> list[dict]:
+    """A reading stage's bundle: its upstream cells' nets are read from the store here, on the
+    worker (never passed through the flow); a cell whose upstream cell is not usable (not done,
+    failed, no nets stored) is failed with that reason, not computed."""
+    from storage.nets import load_nets_at
+
+    nets = load_nets_at(inputs["store"], inputs["group"], [tuple(i) for i in inputs["indices"]])
+    ok = [i for i, p in enumerate(nets.problems) if not p]
+    out: list[dict] = [{FAILED: p} for p in nets.problems]
+    if ok:
+        for i, res in zip(ok, compute_cells(exp, [cells[i] for i in ok], device, None, nets.select(ok))):
+            out[i] = res
+    return out
+
+
 @task(name="run-bundle", cache_policy=NO_CACHE, persist_result=False, retries=2, retry_delay_seconds=1,
       retry_condition_fn=retry_unless_user_error)
 def run_bundle(experiment: str, cells: list[dict], device: str, checkpoint: str | None = None,
-               cache_path: str | None = None, cache_key: str | None = None) -> list[dict]:
+               cache_path: str | None = None, cache_key: str | None = None, inputs: dict | None = None) -> list[dict]:
     """Run one bundle of cells on this worker (one torch thread per worker process) and keep its
-    results beside the store (:mod:`flows.result_cache`) until the flow has written them."""
+    results beside the store (:mod:`flows.result_cache`) until the flow has written them.
+    ``inputs`` (a reading stage): the store, group and grid indices of its upstream cells."""
     import torch
 
     torch.set_num_threads(1)
-    results = compute_cells(experiments.get(experiment), cells, device, checkpoint)
+    exp = experiments.get(experiment)
+    results = (compute_reading(exp, cells, device, inputs) if inputs
+               else compute_cells(exp, cells, device, checkpoint))
     if cache_path:
         result_cache.save(cache_path, cache_key, results)
     return results
@@ -135,8 +153,8 @@ def plan(cfg: config_mod.Config, store: Store, force: bool, retry_failed: bool =
     ``done`` is not trusted alone: arrays whose metadata is gone are re-created from the template,
     and done cells with a missing, corrupt or non-finite value (storage/verify.py) are marked not
     done, so they are recomputed and not counted as done before."""
-    cells = cfg.cells()
-    store.restore_arrays(cfg.exp, cfg.grid, cfg.exp.extra_dims(cells))
+    cells = cfg.store_cells()
+    store.restore_arrays(cfg.exp, cfg.store_grid, cfg.extra_sizes())
     store.mark_not_done(store.verify(cfg.exp).cells)
     done = store.done_mask().ravel()
     if retry_failed:
@@ -147,19 +165,24 @@ def plan(cfg: config_mod.Config, store: Store, force: bool, retry_failed: bool =
 
 
 def open_store(cfg: config_mod.Config, store_path: str, device: str) -> Store:
+    """The store group of one stage (dims: its upstream's, then its own axes), made from the
+    template if new."""
     exp = cfg.exp
     store = Store(store_path, cfg.name)
-    return store.open_or_create(exp, cfg.grid, cfg.params, cases=cfg.cases,
+    return store.open_or_create(exp, cfg.store_grid, cfg.params, cases=cfg.cases, source=cfg.source,
                                 config_text=cfg.text or json.dumps(cfg.to_dict()),
-                                extra_sizes=exp.extra_dims(cfg.cells()), device=device)
+                                extra_sizes=cfg.extra_sizes(), device=device)
 
 
 @flow(name="kktlab-sweep", log_prints=False, validate_parameters=False)
-def sweep(config: dict, store: str, force: bool = False, retry_failed: bool = False) -> dict:
-    """Run every pending cell of ``config`` (a validated config dict) into ``store``."""
+def sweep(config: dict, store: str, force: bool = False, retry_failed: bool = False):
+    """Run every pending cell of ``config`` (a validated config dict) into ``store``: every stage
+    of a chain in this one flow run. Returns the run's counts (a list, one per stage, for a chain)."""
     config = dict(config)
     text = config.pop("_text", "")
-    return execute(config_mod.parse(config, text), store, force, retry_failed)
+    cfg = config_mod.parse(config, text)
+    stats = execute_chain(cfg.stages, store, force, retry_failed, text)
+    return stats if "stages" in config else stats[0]
 
 
 class _Writer:
@@ -186,59 +209,21 @@ class _Writer:
 
 
 def execute(cfg: config_mod.Config, store_path: str, force: bool, retry_failed: bool = False) -> dict:
-    t0 = time.perf_counter()
-    device = cfg.runner["device"]
-    store = open_store(cfg, store_path, device)
-    todo, done_before = plan(cfg, store, force, retry_failed)
-    total = len(cfg.cells())
-    stats = {"group": cfg.name, "store": str(store_path), "total": total, "done_before": done_before,
-             "computed": 0, "from_cache": 0, "written": 0, "failed": 0, "failures": [], "refused_done": 0,
-             "bundles": 0}
-    if not todo:
-        stats["wall_s"] = time.perf_counter() - t0
-        return stats
-    budget = memory_budget(device, cfg.runner["workers"])
-    bundles = make_bundles(cfg.exp, todo, cfg.runner["bundle_size"], memory_budget=budget,
-                           workers=dask_specs.worker_count(cfg.runner))
-    stats["bundles"] = len(bundles)
-    writer = _Writer(store, stats, Progress(total, total - len(todo), cfg.name), force, retry_failed)
-    task_fn = run_bundle.with_options(retries=cfg.runner["retries"])
-    resources = dask_specs.resources_for(device)
-    declared = set(cfg.exp.variables)
-    futures = {}
-    import dask
-
-    with dask.annotate(**({"resources": resources} if resources else {})):
-        for b in bundles:
-            cells = [cell for _, cell in b]
-            ckpt = checkpoint_io.path_for(store_path, cfg.name, bundle_id(cfg.experiment, cells))
-            key = result_cache.bundle_key(cfg.experiment, cells, device, code_fingerprint())
-            cpath = result_cache.path_for(store_path, cfg.name, key)
-            cached = None if force else result_cache.load(cpath, key, len(cells), declared, FAILED)
-            if cached is not None:  # computed by a run killed before it wrote them
-                writer.write(b, cached, cached=True)
-                result_cache.remove(cpath)
-                checkpoint_io.remove(ckpt)
-                continue
-            fut = task_fn.submit(cfg.experiment, cells, device, ckpt if cfg.exp.checkpoints else None, cpath, key)
-            futures[fut] = (b, ckpt, cpath)
-    for fut in as_completed(list(futures)):
-        bundle, ckpt, cpath = futures[fut]
-        try:
-            results = fut.result()
-        except UserError as err:  # bad input: not retried
-            cells = ", ".join(json.dumps(cell, default=str) for _, cell in bundle[:2])
-            raise UserError(f"a bundle of {len(bundle)} cells failed on bad input ({err}); "
-                            f"first cells: {cells}") from err
-        writer.write(bundle, results, cached=False)
-        result_cache.remove(cpath)
-        checkpoint_io.remove(ckpt)
-    stats["wall_s"] = time.perf_counter() - t0
-    return stats
+    """One experiment (a chain of one)."""
+    return execute_chain([cfg], store_path, force, retry_failed)[0]
 
 
-def run(cfg: config_mod.Config, store_path: str, force: bool = False, retry_failed: bool = False) -> dict:
-    """Run a validated config on its task runner (the Prefect API must already be set)."""
+def execute_chain(stages: list[config_mod.Config], store_path: str, force: bool, retry_failed: bool = False,
+                  text: str = "") -> list[dict]:
+    """Every stage in order, in this flow run: see :class:`flows.chain.Scheduler`."""
+    from flows.chain import Scheduler
+
+    return Scheduler(stages, store_path, force, retry_failed, text).run()
+
+
+def run(cfg, store_path: str, force: bool = False, retry_failed: bool = False):
+    """Run a validated config (a Config: its counts; a Chain: a list of counts, one per stage) on
+    its task runner, in one flow run (the Prefect API must already be set)."""
     runner = dask_specs.task_runner(cfg.runner)
     raw = dict(cfg.to_dict(), _text=cfg.text)
     raw.pop("store")

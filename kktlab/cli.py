@@ -77,7 +77,8 @@ def cmd_run(args) -> int:
     # store is made or any server or cluster starts
     cfgs = [config_mod.load(path, overrides) for path in args.config]
     for cfg in cfgs:
-        config_mod.check_fits(cfg)
+        for stage in cfg.stages:
+            config_mod.check_fits(stage)
     if args.json is not None:
         preflight.file_for_writing(args.json, "--json")
     stores = [cfg.store_path(args.store) for cfg in cfgs]
@@ -94,39 +95,38 @@ def cmd_run(args) -> int:
     from flows.sweep import open_store, run
     from storage.query import open_results, summary
 
-    damaged = []
+    damaged = []  # per config: the verify report of each stage
     for cfg, store in zip(cfgs, stores):
         if os.path.exists(os.path.join(store, "zarr.json")):
             from storage.verify import find_groups
 
             find_groups(store)  # a group whose metadata is gone: one line, before anything runs
-        opened = open_store(cfg, store, cfg.runner["device"])
-        restored = opened.restore_arrays(cfg.exp, cfg.grid, cfg.exp.extra_dims(cfg.cells()))
-        if restored:
-            print(f"[kktlab] {store}: re-created damaged arrays from the template: {', '.join(restored)}",
-                  file=sys.stderr)
-        damaged.append(opened.verify(cfg.exp))
+        reports = []
+        for stage in cfg.stages:
+            opened = open_store(stage, store, stage.runner["device"])
+            restored = opened.restore_arrays(stage.exp, stage.store_grid, stage.extra_sizes())
+            if restored:
+                where = f" (group '{stage.name}')" if len(cfg.stages) > 1 else ""
+                print(f"[kktlab] {store}: re-created damaged arrays from the template: {', '.join(restored)}{where}",
+                      file=sys.stderr)
+            reports.append(opened.verify(stage.exp))
+        damaged.append(reports)
     all_stats = []
     try:
         with runtime.prefect_api():  # stopped on the way out, whatever happens (SIGTERM included)
-            for cfg, store, report in zip(cfgs, stores, damaged):
-                print(f"[kktlab] {cfg.experiment} '{cfg.name}': {cfg.n_cells} cells -> {store}",
-                      file=sys.stderr)
-                if report.damaged:
-                    print(f"[kktlab] {report.damaged} done cells are damaged; they are recomputed:", file=sys.stderr)
-                    print("\n".join(report.lines(SHOWN_DAMAGED)), file=sys.stderr)
-                stats = run(cfg, store, force=args.force, retry_failed=args.retry_failed)
-                stats["damaged_recomputed"] = report.damaged
-                all_stats.append(stats)
-                print(f"\n== {cfg.experiment} / {cfg.name}")
-                print(summary(open_results(store, cfg.name), variables=cfg.exp.summary))
-                print(f"store: {os.path.abspath(store)}  group: {cfg.name}")
-                print("cells: {total} total, {done_before} done before, {written} written now ({from_cache} of "
-                      "them from the result cache, {damaged_recomputed} damaged cells recomputed), {failed} "
-                      "failed, {refused_done} refused (already done), {bundles} bundles, {wall_s:.1f} s"
-                      .format(**stats))
-                for line in stats["failures"]:
-                    print(f"  failed: {line}")
+            for cfg, store, reports in zip(cfgs, stores, damaged):
+                for stage, report in zip(cfg.stages, reports):
+                    print(f"[kktlab] {stage.experiment} '{stage.name}': {stage.n_cells} cells -> {store}",
+                          file=sys.stderr)
+                    if report.damaged:
+                        print(f"[kktlab] {report.damaged} done cells are damaged; they are recomputed:",
+                              file=sys.stderr)
+                        print("\n".join(report.lines(SHOWN_DAMAGED)), file=sys.stderr)
+                ran = run(cfg, store, force=args.force, retry_failed=args.retry_failed)
+                for stage, report, stats in zip(cfg.stages, reports, ran if isinstance(ran, list) else [ran]):
+                    _print_stage(stage, store, report, stats, summary(open_results(store, stage.name),
+                                                                      variables=stage.exp.summary))
+                    all_stats.append(stats)
     except BaseException:
         if SIGNALLED:  # SIGTERM/SIGINT, whatever Prefect turned it into (TerminationSignal, Abort)
             _say_how_far(cfgs, stores)
@@ -142,17 +142,31 @@ def cmd_run(args) -> int:
     return 0
 
 
+def _print_stage(cfg, store, report, stats, table: str) -> None:
+    stats["damaged_recomputed"] = report.damaged
+    print(f"\n== {cfg.experiment} / {cfg.name}")
+    print(table)
+    print(f"store: {os.path.abspath(store)}  group: {cfg.name}")
+    print("cells: {total} total, {done_before} done before, {written} written now ({from_cache} of "
+          "them from the result cache, {damaged_recomputed} damaged cells recomputed), {failed} "
+          "failed, {refused_done} refused (already done), {bundles} bundles, {wall_s:.1f} s"
+          .format(**stats))
+    for line in stats["failures"]:
+        print(f"  failed: {line}")
+
+
 def _say_how_far(cfgs, stores) -> None:
     """After an interrupt: cells stored per config, and how to go on."""
     from storage.query import status
 
     for cfg, store in zip(cfgs, stores):
-        try:
-            row = next((r for r in status(store) if r["group"] == cfg.name), None)
-        except Exception:  # noqa: BLE001 - a store not created yet
-            row = None
-        got = f"{row['done']}/{row['total']} cells stored" if row else "no cells stored"
-        print(f"kktlab: interrupted: {cfg.name}: {got} in {store}; the same command resumes", file=sys.stderr)
+        for stage in cfg.stages:
+            try:
+                row = next((r for r in status(store) if r["group"] == stage.name), None)
+            except Exception:  # noqa: BLE001 - a store not created yet
+                row = None
+            got = f"{row['done']}/{row['total']} cells stored" if row else "no cells stored"
+            print(f"kktlab: interrupted: {stage.name}: {got} in {store}; the same command resumes", file=sys.stderr)
 
 
 def cmd_submit(args) -> int:
@@ -176,7 +190,7 @@ def cmd_submit(args) -> int:
 
     from flows.served import FLOW_NAME
 
-    name = f"{FLOW_NAME}/{cfg.experiment}"
+    name = f"{FLOW_NAME}/{cfg.stages[0].experiment}"  # a chain runs under its first stage's deployment
     params = {"config_path": os.path.abspath(args.config), "store": os.path.abspath(cfg.store_path(args.store)),
               "overrides": overrides, "force": args.force}
     try:

@@ -1,4 +1,5 @@
-"""Reading results: ``open_results(path)`` -> xarray.Dataset, status and summaries."""
+"""Reading results: ``open_results(path)`` -> xarray.Dataset (or DataTree, one node per stage),
+``load_nets`` (stored nets as tensors), status and summaries."""
 
 from __future__ import annotations
 
@@ -23,15 +24,19 @@ def groups(path: str | pathlib.Path) -> list[str]:
     return sorted(name for name, g in root.groups() if "kktlab_identity" in g.attrs)
 
 
-def open_results(path: str | pathlib.Path, group: str | None = None) -> xr.Dataset:
-    """The results of one experiment as an xarray.Dataset (lazy, dask-backed).
+def open_results(path: str | pathlib.Path, group: str | None = None) -> xr.Dataset | xr.DataTree:
+    """The results of one experiment group as an xarray.Dataset (lazy, dask-backed).
 
-    ``group`` may be left out when the store holds a single experiment.
-    """
+    ``group`` may be left out when the store holds a single group (a config without stages):
+    its Dataset. A store of several groups (the stages of a chain, one node per stage named after
+    it, or several configs sharing a store) without ``group``: an ``xarray.DataTree`` of them
+    (``xr.open_datatree(path, engine="zarr")`` opens the same tree)."""
     names = groups(path)
     if group is None:
-        if len(names) != 1:
-            raise StoreError(f"{path} holds {len(names)} experiments {names}; pass group=")
+        if not names:
+            raise StoreError(f"{path} holds no experiment group")
+        if len(names) > 1:
+            return xr.DataTree.from_dict({f"/{name}": open_dataset(path, name) for name in names})
         group = names[0]
     if group not in names:
         raise StoreError(f"{path} has no experiment group {group!r}; it has {names}")
@@ -118,3 +123,18 @@ def fixed_params(ds: xr.Dataset) -> dict:
 def provenance(ds: xr.Dataset) -> dict:
     return {k: (json.loads(v) if k == "versions" else v) for k, v in ds.attrs.items()
             if k in ("kktlab_experiment", "git_commit", "device", "created", "versions", "host")}
+
+
+def load_nets(path: str | pathlib.Path, group: str, **sel):
+    """The stored nets of ``group`` (a ``train`` stage) for the cells matching ``sel`` (dim=value
+    or dim=[values]; left-out dims: all), as :class:`storage.nets.Nets`: stacked float64 tensors
+    W, b, v, X, y, the sample mask and true sizes d, m, width, cut to the selection's largest
+    sizes. Raises :class:`StoreError` naming a selected cell that is not done, failed or stored
+    no nets."""
+    from storage.nets import load_nets_at, select_indices
+
+    nets = load_nets_at(path, group, select_indices(path, group, sel))
+    bad = [p for p in nets.problems if p]
+    if bad:
+        raise StoreError(f"{len(bad)} selected cells have no usable nets, e.g. {bad[0]}")
+    return nets

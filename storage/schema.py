@@ -27,6 +27,7 @@ FAILURES = "kktlab_failures"
 STATUS = "status"  # the variable whose ``ok_values`` attribute says which cells are usable
 FINITE = "must_be_finite"  # array attribute: a done cell's value is finite (ints: not the fill -1)
 VARIABLES = "kktlab_variables"  # group attribute: the variable names, ``done`` included
+PAD = "pad_value"  # array attribute: what is stored past a cell's true size along its extra dims
 CHECKSUM = "crc32c"  # the codec that ends every chunk written from this template
 
 
@@ -64,6 +65,8 @@ def template(exp: Experiment, grid: dict[str, list], extra_sizes: dict[str, int]
             attrs["ok_values"] = [int(v) for v in var.ok]
         if var.finite:
             attrs[FINITE] = True
+        if var.pad is not None:
+            attrs[PAD] = float(var.pad)
         data_vars[name] = xr.Variable(vdims, arr, attrs=attrs)
     data_vars[DONE] = xr.Variable(
         dims, da.zeros(shape, dtype=bool, chunks=(1,) * len(dims)),

@@ -1,6 +1,7 @@
 """Create-from-template, region writes, ``done`` mask, resume, refusal to overwrite.
 
-Layout: ``<store>/<group>/`` is one experiment (group = config ``name``). The group's attrs
+Layout: ``<store>/<group>/`` is one experiment (group = config ``name``; in a config with
+``stages``, one group per stage, named after the stage). The group's attrs
 hold provenance (config, versions, git commit, device) and what defines the grid, so a rerun
 can check it is the same experiment. Writes go straight to the Zarr arrays of one cell
 (every chunk belongs to exactly one cell); ``done`` is set last, so a kill between the two
@@ -72,21 +73,26 @@ class Store:
         self._arrays: dict[str, zarr.Array] = {}  # (each metadata read costs ~3 ms)
 
     # --- creation / checks -----------------------------------------------------------------
-    def identity(self, exp: Experiment, grid: dict[str, list], params: dict, cases: dict | None = None) -> dict:
+    def identity(self, exp: Experiment, grid: dict[str, list], params: dict, cases: dict | None = None,
+                 source: str | None = None) -> dict:
         ident = {"experiment": exp.name, "grid": {k: list(v) for k, v in grid.items()}, "params": params}
+        if source:  # a stage of a chain: the group it reads from (absent for a single experiment)
+            ident["from"] = source
         if cases:  # per-coordinate parameters (config "cases"); absent from stores made without them
             ident["cases"] = {axis: {str(v): o for v, o in by_value.items()} for axis, by_value in cases.items()}
         return ident
 
     def open_or_create(self, exp: Experiment, grid: dict[str, list], params: dict, *,
                        config_text: str, extra_sizes: dict[str, int], device: str,
-                       cases: dict | None = None) -> "Store":
-        """Create the group from the template, or check an existing one is the same experiment."""
+                       cases: dict | None = None, source: str | None = None) -> "Store":
+        """Create the group from the template, or check an existing one is the same experiment.
+        ``grid`` is the group's dims (for a stage of a chain: its upstream's, then its own),
+        ``source`` the stage it reads from."""
         if self.path.exists() and not self.path.is_dir():
             raise StoreError(f"store path {self.path} exists and is not a directory")
         if self.path.is_dir() and any(self.path.iterdir()) and not (self.path / "zarr.json").exists():
             raise StoreError(f"store path {self.path} is a non-empty directory that is not a Zarr store")
-        ident = self.identity(exp, grid, params, cases)
+        ident = self.identity(exp, grid, params, cases, source)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # creating the root and a group is the one step two sweeps may race on: serialise it
         with FileLock(str(self.path) + ".lock"):
@@ -145,6 +151,9 @@ class Store:
             raise StoreError(
                 f"store {self.path} group '{self.group_name}' holds experiment '{have['experiment']}', "
                 f"the config asks for '{want['experiment']}'; use another --store or config 'name'")
+        if have.get("from") != want.get("from"):
+            raise StoreError(f"config stage '{self.group_name}' reads from {want.get('from')!r} but store {self.path} "
+                             f"group '{self.group_name}' was made reading from {have.get('from')!r}; use another --store")
         for part in ("grid", "params", "cases"):
             have_part, want_part = have.get(part, {}), want.get(part, {})
             for k in sorted(set(have_part) | set(want_part)):
@@ -214,7 +223,8 @@ class Store:
             extra = arr.shape[len(index):]
             v = np.asarray(value, dtype=arr.dtype)
             if extra:
-                full = np.full(extra, schema.fill_value(arr.dtype), dtype=arr.dtype)
+                pad = arr.attrs.get(schema.PAD) if v.size else None  # an empty value: not stored, all fill
+                full = np.full(extra, schema.fill_value(arr.dtype) if pad is None else pad, dtype=arr.dtype)
                 full[tuple(slice(0, s) for s in v.shape)] = v
                 v = full
             arr[index] = v

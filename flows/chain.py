@@ -1,0 +1,162 @@
+"""Running the stages of a chain in one flow run, without a barrier between stages. Wiring only.
+
+Each stage's group is opened (made from the template, atomically) and planned as a sweep of its
+own (done cells skipped, damaged ones recomputed). A stage's bundles are cut from its pending
+cells; a reading stage's pending cells are grouped by the upstream bundle that computes their
+upstream cell, and each group is cut into bundles (``flows.bundles``) and submitted, with
+``wait_for=[that upstream task run]``, right after the flow has stored that upstream bundle: so a
+downstream bundle starts as soon as its inputs are in the store, while other upstream bundles
+still run, and the Prefect UI shows the dependency. Cells whose upstream cell is already stored
+(or comes from the result cache) are submitted at once, with no dependency. The downstream
+worker reads its inputs from the store (``storage.nets.load_nets_at``); a cell whose upstream cell
+failed or holds no nets is stored as failed with that reason.
+
+Task runs are named ``<stage>: <n> cells <first cell>``. Results come back as today: the worker
+writes them to the result cache, the flow writes the store and drops the cache file.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import time
+from collections import defaultdict
+
+from core.errors import UserError
+from deploy import dask as dask_specs
+from flows import checkpoint as checkpoint_io
+from flows import result_cache
+from flows.bundles import make_bundles, memory_budget
+from flows.progress import Progress
+
+
+class _Stage:
+    def __init__(self, cfg, store, todo, done_before, stats, writer):
+        self.cfg, self.store, self.todo, self.done_before = cfg, store, todo, done_before
+        self.stats, self.writer = stats, writer
+        self.up: _Stage | None = None
+        self.k = len(cfg.upstream_grid)  # leading index dims that name the upstream cell
+        self.pending = {tuple(idx) for idx, _ in todo}  # cells this run computes
+        self.waiting: dict[tuple, list] = defaultdict(list)  # pending upstream cell -> this stage's cells
+        self.readers: list[_Stage] = []
+
+
+class Scheduler:
+    def __init__(self, stages, store_path: str, force: bool, retry_failed: bool, text: str = ""):
+        from flows.sweep import open_store, plan
+
+        self.path, self.force, self.retry_failed = store_path, force, retry_failed
+        self.t0 = time.perf_counter()
+        self.stages: list[_Stage] = []
+        self.futures: dict = {}  # future -> (stage, bundle, ckpt, cache path)
+        self.done_q: queue.SimpleQueue = queue.SimpleQueue()
+        self.workers = dask_specs.worker_count(stages[0].runner)
+        by_name: dict[str, _Stage] = {}
+        for cfg in stages:
+            store = open_store(cfg, store_path, cfg.runner["device"])
+            todo, done_before = plan(cfg, store, force, retry_failed)
+            stats = {"group": cfg.name, "store": str(store_path), "total": cfg.n_cells, "done_before": done_before,
+                     "computed": 0, "from_cache": 0, "written": 0, "failed": 0, "failures": [], "refused_done": 0,
+                     "bundles": 0}
+            writer = None
+            if todo:
+                from flows.sweep import _Writer
+
+                writer = _Writer(store, stats, Progress(cfg.n_cells, cfg.n_cells - len(todo), cfg.name),
+                                 force, retry_failed)
+            st = _Stage(cfg, store, todo, done_before, stats, writer)
+            if cfg.source:
+                st.up = by_name[cfg.source]
+                st.up.readers.append(st)
+            by_name[cfg.name] = st
+            self.stages.append(st)
+
+    # --- submitting ------------------------------------------------------------------------
+    def _bundles(self, st: _Stage, items: list) -> list:
+        cfg = st.cfg
+        budget = memory_budget(cfg.runner["device"], cfg.runner["workers"])
+        return make_bundles(cfg.exp, items, cfg.runner["bundle_size"], memory_budget=budget, workers=self.workers)
+
+    def _submit(self, st: _Stage, items: list, wait_for=None) -> None:
+        """Cut ``items`` (pending cells of one stage) into bundles; take each from the result
+        cache or submit it as a task run."""
+        import dask
+
+        from flows.sweep import FAILED, bundle_id, code_fingerprint, run_bundle
+
+        cfg, device = st.cfg, st.cfg.runner["device"]
+        resources = dask_specs.resources_for(device)
+        bundles = self._bundles(st, items)
+        st.stats["bundles"] += len(bundles)
+        for b in bundles:
+            cells = [cell for _, cell in b]
+            ups = [list(idx[:st.k]) for idx, _ in b]
+            keyed = [dict(c, __upstream__=u) for c, u in zip(cells, ups)] if st.up else cells
+            ckpt = checkpoint_io.path_for(self.path, cfg.name, bundle_id(cfg.experiment, keyed))
+            key = result_cache.bundle_key(cfg.experiment, keyed, device, code_fingerprint())
+            cpath = result_cache.path_for(self.path, cfg.name, key)
+            cached = None if self.force else result_cache.load(cpath, key, len(cells), set(cfg.exp.variables), FAILED)
+            if cached is not None:  # computed by a run killed before it wrote them
+                self._store(st, b, cached, True, cpath, ckpt, None)
+                continue
+            inputs = {"store": str(self.path), "group": st.up.cfg.name, "indices": ups} if st.up else None
+            name = f"{cfg.name}: {len(b)} cells from {st.store.cell_label(b[0][0])}"
+            fn = run_bundle.with_options(retries=cfg.runner["retries"], task_run_name=name)
+            with dask.annotate(**({"resources": resources} if resources else {})):
+                fut = fn.submit(cfg.experiment, cells, device, ckpt if cfg.exp.checkpoints else None, cpath, key,
+                                inputs, wait_for=wait_for or None)
+            self.futures[fut] = (st, b, ckpt, cpath)
+            _on_done(fut, self.done_q.put)
+
+    def _release(self, st: _Stage, bundle, fut) -> None:
+        """The cells of reading stages that waited for the cells of ``bundle`` (now stored)."""
+        for reader in st.readers:
+            items = [it for idx, _ in bundle for it in reader.waiting.pop(tuple(idx), [])]
+            if items:
+                self._submit(reader, items, [fut] if fut is not None else None)
+
+    def _store(self, st: _Stage, bundle, results, cached: bool, cpath, ckpt, fut) -> None:
+        st.writer.write(bundle, results, cached=cached)
+        st.pending.difference_update(tuple(idx) for idx, _ in bundle)
+        result_cache.remove(cpath)
+        checkpoint_io.remove(ckpt)
+        self._release(st, bundle, fut)
+
+    # --- running ---------------------------------------------------------------------------
+    def run(self) -> list[dict]:
+        for st in self.stages:
+            if not st.todo:
+                continue
+            if st.up is None:
+                self._submit(st, st.todo)
+                continue
+            ready = []
+            for idx, cell in st.todo:
+                up = tuple(idx[:st.k])
+                (st.waiting[up].append((idx, cell)) if up in st.up.pending else ready.append((idx, cell)))
+            if ready:
+                self._submit(st, ready)
+        pending = len(self.futures)
+        while pending:
+            fut = self.done_q.get()
+            pending -= 1
+            st, bundle, ckpt, cpath = self.futures[fut]
+            try:
+                results = fut.result()
+            except UserError as err:  # bad input: not retried
+                cells = ", ".join(json.dumps(cell, default=str) for _, cell in bundle[:2])
+                raise UserError(f"a bundle of {len(bundle)} cells of stage '{st.cfg.name}' failed on bad input "
+                                f"({err}); first cells: {cells}") from err
+            before = len(self.futures)
+            self._store(st, bundle, results, False, cpath, ckpt, fut)
+            pending += len(self.futures) - before
+        wall = time.perf_counter() - self.t0
+        for st in self.stages:
+            st.stats["wall_s"] = wall
+        return [st.stats for st in self.stages]
+
+
+def _on_done(fut, callback) -> None:
+    """Call ``callback(fut)`` once ``fut`` reached its final state (as prefect.futures.as_completed does)."""
+    add = getattr(fut, "_add_prefect_done_callback", None)
+    (add or fut.add_done_callback)(callback)

@@ -1,0 +1,87 @@
+"""Experiment ``train``: the first stage of a paper-002 chain (spec 002 §2.2: log-space GD of
+two-layer ReLU nets to loss 1e-30), storing each trained net and its training set so a later
+stage (``universal_attack``, reading "nets") measures them. Declaration and wiring only: the
+training is ``nonrobust``'s (``flows/experiments/nonrobust.py::train_bundle``, same parameters,
+same bundles, same checkpoints), the packing ``tasks/cells/train.py``.
+
+Stored per cell: status, iters, log10_loss, train_acc, m_used, the true sizes d_used and
+width_used, and (unless ``store_nets: false``, e.g. for very wide nets) W (hidden, feature),
+b, v (hidden), X (sample, feature), y (sample), float64, zero-padded to the group's largest
+sizes; ``batch_rng_state`` is the minibatch generator after training.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+
+from flows.experiments import Experiment, Param, Var, register
+from flows.experiments import nonrobust
+from tasks import nets
+from tasks.cells import train as cell_fn
+from tasks.cells.nonrobust import n_samples
+
+TRAIN_PARAMS = ("data", "labels", "d", "alpha", "m", "width", "seed", "loss", "lr0", "lr_factor", "lr_period",
+                "lr_period_fast", "target_loss", "max_iters", "batch_size", "init_scale", "dtype")
+P = {k: nonrobust.P[k] for k in TRAIN_PARAMS}
+P["store_nets"] = Param(bool, True, "store each trained net and its training set (false: numbers only, "
+                        "e.g. for very wide nets; no later stage can read them)")
+RNG_BYTES = int(torch.Generator().get_state().numel())
+
+V = {
+    "status": nonrobust.V["status"],
+    "iters": nonrobust.V["iters"],
+    "log10_loss": nonrobust.V["log10_loss"],
+    "train_acc": nonrobust.V["train_acc"],
+    "m_used": nonrobust.V["m_used"],
+    "d_used": Var("1", "true input dimension d of the net (the feature dim is padded past it)", "int64", finite=True),
+    "width_used": Var("1", "true width k of the net (the hidden dim is padded past it)", "int64", finite=True),
+    "nets_stored": Var("1", "1 if W, b, v, X, y hold this cell's net and data (store_nets), 0 if not", "int8",
+                       finite=True),
+    "wall_s": nonrobust.V["wall_s"],
+    "W": Var("1", "trained first-layer weights w_j (zero past width_used, d_used)", dims=("hidden", "feature"), pad=0.0),
+    "b": Var("1", "trained biases b_j (zero past width_used)", dims=("hidden",), pad=0.0),
+    "v": Var("1", "trained output weights v_j (zero past width_used)", dims=("hidden",), pad=0.0),
+    "X": Var("1", "training points x_i (zero past m_used, d_used)", dims=("sample", "feature"), pad=0.0),
+    "y": Var("1", "training labels y_i in {-1, 1} (zero past m_used)", dims=("sample",), pad=0.0),
+    "batch_rng_state": Var("byte", "state of the net's minibatch-order generator after training (torch CPU "
+                           "Generator.get_state); random_direction continues this stream", "uint8",
+                           dims=("rng_byte",)),
+}
+
+
+def extra_dims(cells: list[dict]) -> dict[str, int]:
+    stored = [c for c in cells if c.get("store_nets", True)]
+    return {"hidden": max([c["width"] for c in stored] or [1]), "feature": max([c["d"] for c in stored] or [1]),
+            "sample": max([n_samples(c) for c in stored] or [1]), "rng_byte": RNG_BYTES}
+
+
+def memory(cell: dict) -> float:
+    return nonrobust.memory(dict(cell, kkt_max_m=0))  # no KKT fit here
+
+
+def run_bundle(cells: list[dict], device: str = "auto", checkpoint: str | None = None) -> list[dict]:
+    """Train the bundle exactly as ``nonrobust`` does (resuming from ``checkpoint``), then keep the
+    nets: float64 on the CPU, at their true sizes."""
+    t0 = time.perf_counter()
+    st, (_, X, y, _, gens) = nonrobust.train_bundle(cells, device, checkpoint)
+    wall = time.perf_counter() - t0
+    trained = nets.TwoLayer(*(t.detach().to("cpu", torch.float64) for t in (st.net.W, st.net.b, st.net.v)))
+    results = cell_fn.pack(trained, X, y, cells, gens)
+    for e, res in enumerate(results):
+        res.update(iters=int(st.iters[e]), status=int(st.status[e]),
+                   log10_loss=float(st.log_loss[e]) / math.log(10), wall_s=wall / len(cells))
+    return results
+
+
+EXPERIMENT = register(Experiment(
+    name="train",
+    paper="002 Vardi, Yehudai, Shamir (the training of nonrobust, as a stage)",
+    description="train two-layer ReLU nets to loss 1e-30 and store them (stage 1 of a chain; then universal_attack)",
+    params=P, variables=V, run_bundle=run_bundle, bundle_key=nonrobust.bundle_key, cost=nonrobust.cost,
+    check=nonrobust.check, memory=memory, memory_fields=("d", "m", "alpha", "width"), checkpoints=True,
+    extra_dims=extra_dims, produces=("nets",),
+    summary=("m_used", "status", "iters", "log10_loss", "train_acc"),
+))

@@ -1,0 +1,49 @@
+"""Experiment ``universal_attack``: paper 002's measures on nets a ``train`` stage stored (reads
+"nets"): margins and margin sets, the universal direction and exact c*, the flipped fractions,
+KKT fit, Theorem 4.1's check, Theorem 3.1's robust net. The numbers are ``nonrobust``'s for the
+same cells (``tasks/cells/universal_attack.py`` calls ``nonrobust``'s analysis on the loaded
+nets; tests/test_chain.py checks it). Declaration and wiring only.
+
+Its group's dims are the train stage's dims followed by its own axes; its per-sample variables
+use the train stage's ``sample`` dim.
+"""
+
+from __future__ import annotations
+
+import time
+
+from flows.experiments import Experiment, Var, register
+from flows.experiments import nonrobust
+from tasks.cells import universal_attack as cell_fn
+
+P = {k: nonrobust.P[k] for k in ("slack", "attack", "kkt_max_m")}
+TRAINING = ("iters", "status", "log10_loss", "wall_s")
+V = {k: v for k, v in nonrobust.V.items() if k not in TRAINING}
+V["wall_s"] = Var("s", "bundle analysis wall time divided by the bundle's cells", finite=True)
+
+
+def bundle_key(cell: dict) -> tuple:
+    """One slack and one direction per bundle (nonrobust's analysis takes them from its first cell)."""
+    return (("attack", cell["attack"]), ("slack", cell["slack"]))
+
+
+def run_bundle(cells: list[dict], device: str = "auto", inputs=None) -> list[dict]:
+    """``inputs``: the upstream nets of ``cells``, in order (storage.nets.Nets). Analysis is float64
+    on the CPU, as in ``nonrobust``."""
+    t0 = time.perf_counter()
+    n = inputs
+    out = cell_fn.attack(n.W, n.b, n.v, n.X, n.y, n.mask, n.d, n.m, n.rng_state, cells)
+    wall = (time.perf_counter() - t0) / len(cells)
+    for res in out:
+        res["wall_s"] = wall
+    return out
+
+
+EXPERIMENT = register(Experiment(
+    name="universal_attack",
+    paper="002 Vardi, Yehudai, Shamir: Gradient methods provably converge to non-robust networks",
+    description="smallest universal flip c* along z, margins, KKT fit, Thm 4.1 / 3.1 on stored nets (reads 'nets')",
+    params=P, variables=V, run_bundle=run_bundle, bundle_key=bundle_key, reads="nets",
+    summary=("m_used", "train_acc", "margin_frac", "gamma", "c_star", "c_star_rel", "kkt_eps"),
+    spec_ids=("Fig1a", "Fig1b", "Fig2a", "Fig2b", "E4", "E5", "E6"),
+))

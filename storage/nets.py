@@ -1,0 +1,128 @@
+"""Trained networks as stored results: read the nets of a ``train`` stage back as stacked tensors.
+
+The group stores per cell W (hidden, feature), b, v (hidden), X (sample, feature), y (sample),
+float64 and zero-padded to the group's largest sizes, with the true sizes beside
+(``d_used``, ``m_used``, ``width_used``) and whether the nets were stored (``nets_stored``;
+``store_nets: false`` stores none). :func:`load_nets_at` is what a downstream stage's worker
+reads; :func:`storage.query.load_nets` selects cells by their coordinates.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+
+import numpy as np
+import zarr
+
+from core.errors import StoreError
+from storage import schema
+
+ARRAYS = ("W", "b", "v", "X", "y")
+
+
+@dataclasses.dataclass
+class Nets:
+    """E stacked nets with their training sets, cut to the largest true sizes among them
+    (zeros past each net's own sizes, as the bundle that trained them padded). Tensors are
+    float64 on the CPU: W (E,k,d), b (E,k), v (E,k), X (E,m,d), y (E,m), mask (E,m) the real
+    samples, d, m, width (E,) int64 true sizes, rng_state (E,n) uint8 the minibatch generator
+    after training. ``cells``: each net's coordinates; ``problems``: why a cell is not usable
+    (not done, failed, no nets stored), '' where it is (its tensors are zeros otherwise)."""
+
+    W: "torch.Tensor"  # noqa: F821
+    b: "torch.Tensor"  # noqa: F821
+    v: "torch.Tensor"  # noqa: F821
+    X: "torch.Tensor"  # noqa: F821
+    y: "torch.Tensor"  # noqa: F821
+    mask: "torch.Tensor"  # noqa: F821
+    d: "torch.Tensor"  # noqa: F821
+    m: "torch.Tensor"  # noqa: F821
+    width: "torch.Tensor"  # noqa: F821
+    rng_state: "torch.Tensor"  # noqa: F821
+    cells: list[dict]
+    problems: list[str]
+
+    def select(self, idx: list[int]) -> "Nets":
+        """The nets at positions ``idx``, cut again to their own largest sizes."""
+        import torch
+
+        k = max([int(self.width[i]) for i in idx if not self.problems[i]] or [1])
+        d = max([int(self.d[i]) for i in idx if not self.problems[i]] or [1])
+        m = max([int(self.m[i]) for i in idx if not self.problems[i]] or [1])
+        t = torch.tensor(idx, dtype=torch.long)
+        return Nets(self.W[t, :k, :d], self.b[t, :k], self.v[t, :k], self.X[t, :m, :d], self.y[t, :m],
+                    self.mask[t, :m], self.d[t], self.m[t], self.width[t], self.rng_state[t],
+                    [self.cells[i] for i in idx], [self.problems[i] for i in idx])
+
+
+def _problem(g: zarr.Group, idx: tuple, label: str) -> str:
+    if not bool(g[schema.DONE][idx]):
+        return f"upstream cell ({label}) is not done"
+    if schema.FAILED in g and bool(g[schema.FAILED][idx]):
+        err = dict(g.attrs.get(schema.FAILURES, {})).get(label, "")
+        return f"upstream cell ({label}) failed" + (f": {err}" if err else "")
+    if int(g["nets_stored"][idx]) != 1:
+        return f"upstream cell ({label}) stored no nets (store_nets: false)"
+    return ""
+
+
+def load_nets_at(path: str | pathlib.Path, group: str, indices: list[tuple[int, ...]]) -> Nets:
+    """The nets of the cells at grid ``indices`` of ``group`` (repeats allowed), in that order."""
+    import torch
+
+    g = zarr.open_group(str(pathlib.Path(path) / group), mode="r", zarr_format=3)
+    missing = [n for n in (*ARRAYS, "d_used", "m_used", "width_used", "nets_stored", "batch_rng_state") if n not in g]
+    if missing:
+        raise StoreError(f"group '{group}' of {path} holds no nets (no {', '.join(missing)}); "
+                         "nets are stored by a 'train' stage")
+    dims = list(g[schema.DONE].metadata.dimension_names)
+    coords = {dim: np.asarray(g[dim][...]) for dim in dims}
+    cells = [{dim: coords[dim][i].item() for dim, i in zip(dims, idx)} for idx in indices]
+    labels = [", ".join(f"{k}={v}" for k, v in c.items()) for c in cells]
+    problems = [_problem(g, tuple(idx), lab) for idx, lab in zip(indices, labels)]
+    size = {n: np.array([int(g[n][tuple(idx)]) for idx in indices], dtype=np.int64)
+            for n in ("d_used", "m_used", "width_used")}
+    ok = [i for i, p in enumerate(problems) if not p]
+    K, D, M = (max([int(size[n][i]) for i in ok] or [1]) for n in ("width_used", "d_used", "m_used"))
+    E = len(indices)
+    out = {"W": np.zeros((E, K, D)), "b": np.zeros((E, K)), "v": np.zeros((E, K)),
+           "X": np.zeros((E, M, D)), "y": np.zeros((E, M))}
+    cut = {"W": (K, D), "b": (K,), "v": (K,), "X": (M, D), "y": (M,)}
+    for e in ok:
+        idx = tuple(indices[e])
+        for name, shape in cut.items():
+            out[name][e] = g[name][idx + tuple(slice(0, s) for s in shape)]
+    rng = np.stack([np.asarray(g["batch_rng_state"][tuple(idx)]) for idx in indices]).astype(np.uint8)
+    m = torch.from_numpy(size["m_used"])
+    mask = torch.arange(M)[None, :] < m[:, None]
+    for e in (i for i, p in enumerate(problems) if not p):
+        if not all(np.isfinite(out[n][e]).all() for n in ARRAYS):
+            problems[e] = f"upstream cell ({labels[e]}) has non-finite stored nets"
+    t = {n: torch.from_numpy(a) for n, a in out.items()}
+    return Nets(t["W"], t["b"], t["v"], t["X"], t["y"], mask, torch.from_numpy(size["d_used"]), m,
+                torch.from_numpy(size["width_used"]), torch.from_numpy(rng), cells, problems)
+
+
+def select_indices(path: str | pathlib.Path, group: str, sel: dict) -> list[tuple[int, ...]]:
+    """Grid indices of the cells whose coordinates match ``sel`` (dim -> value or list of values;
+    dims left out: every value), in C order."""
+    import itertools
+
+    g = zarr.open_group(str(pathlib.Path(path) / group), mode="r", zarr_format=3)
+    dims = list(g[schema.DONE].metadata.dimension_names)
+    unknown = sorted(set(sel) - set(dims))
+    if unknown:
+        raise StoreError(f"group '{group}' has no dim {unknown[0]!r}; its dims: {', '.join(dims)}")
+    axes = []
+    for dim in dims:
+        values = [v.item() for v in np.asarray(g[dim][...])]
+        if dim not in sel:
+            axes.append(range(len(values)))
+            continue
+        want = sel[dim] if isinstance(sel[dim], (list, tuple)) else [sel[dim]]
+        bad = [w for w in want if w not in values]
+        if bad:
+            raise StoreError(f"group '{group}' dim {dim!r} has no value {bad[0]!r}; it has {values}")
+        axes.append([values.index(w) for w in want])
+    return list(itertools.product(*axes))
