@@ -167,18 +167,23 @@ def train_bundle(cells: list[dict], device: str = "auto", checkpoint: str | None
     return state, (net, X, y, mask, gens)
 
 
-def run_bundle(cells: list[dict], device: str = "auto", checkpoint: str | None = None) -> list[dict]:
-    """Train the bundle (resuming from ``checkpoint`` if one exists), then measure everything
-    in float64."""
+def train_then(measure, cells: list[dict], device: str = "auto", checkpoint: str | None = None) -> list[dict]:
+    """Train the bundle (resuming from ``checkpoint`` if one exists), then ``measure(net, X, y, mask,
+    cells, gens)`` the float64 CPU nets; each cell's result gets its training numbers."""
     t0 = time.perf_counter()
     st, (_, X, y, mask, gens) = train_bundle(cells, device, checkpoint)
     wall = time.perf_counter() - t0
-    trained = nets.TwoLayer(*(t.detach().to("cpu", torch.float64) for t in (st.net.W, st.net.b, st.net.v)))
-    results = cell_fn.analyse(trained, X, y, mask, cells, gens)
+    net = nets.TwoLayer(*(t.detach().to("cpu", torch.float64) for t in (st.net.W, st.net.b, st.net.v)))
+    results = measure(net, X, y, mask, cells, gens)
     for e, res in enumerate(results):
         res.update(iters=int(st.iters[e]), status=int(st.status[e]),
                    log10_loss=float(st.log_loss[e]) / math.log(10), wall_s=wall / len(cells))
     return results
+
+
+def run_bundle(cells: list[dict], device: str = "auto", checkpoint: str | None = None) -> list[dict]:
+    """Train the bundle, then measure everything in float64 (``tasks.cells.nonrobust.analyse``)."""
+    return train_then(cell_fn.analyse, cells, device, checkpoint)
 
 
 EXPERIMENT = register(Experiment(

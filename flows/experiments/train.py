@@ -12,14 +12,11 @@ sizes; ``batch_rng_state`` is the minibatch generator after training.
 
 from __future__ import annotations
 
-import math
-import time
 
 import torch
 
 from flows.experiments import Experiment, Param, Var, register
 from flows.experiments import nonrobust
-from tasks import nets
 from tasks.cells import train as cell_fn
 from tasks.cells.nonrobust import n_samples
 
@@ -65,15 +62,8 @@ def memory(cell: dict) -> float:
 def run_bundle(cells: list[dict], device: str = "auto", checkpoint: str | None = None) -> list[dict]:
     """Train the bundle exactly as ``nonrobust`` does (resuming from ``checkpoint``), then keep the
     nets: float64 on the CPU, at their true sizes."""
-    t0 = time.perf_counter()
-    st, (_, X, y, _, gens) = nonrobust.train_bundle(cells, device, checkpoint)
-    wall = time.perf_counter() - t0
-    trained = nets.TwoLayer(*(t.detach().to("cpu", torch.float64) for t in (st.net.W, st.net.b, st.net.v)))
-    results = cell_fn.pack(trained, X, y, cells, gens)
-    for e, res in enumerate(results):
-        res.update(iters=int(st.iters[e]), status=int(st.status[e]),
-                   log10_loss=float(st.log_loss[e]) / math.log(10), wall_s=wall / len(cells))
-    return results
+    return nonrobust.train_then(lambda net, X, y, mask, cells, gens: cell_fn.pack(net, X, y, cells, gens),
+                                cells, device, checkpoint)
 
 
 EXPERIMENT = register(Experiment(
