@@ -207,11 +207,14 @@ def _run_case(job: dict, out: str, timeout: float = 60.0) -> dict:
             sys.argv = ["kktlab", *job["argv"]]
             try:
                 if job["uid"] is not None:  # nobody may not read the checkout (CI clones into a 0700 dir):
-                    import importlib  # import what the command needs first, then drop to nobody
+                    import importlib  # import every module of the project first, then drop to nobody
+                    import pkgutil
 
-                    for mod in ("kktlab.cli", "kktlab.preflight", "deploy.probe", "deploy.runtime", "flows.sweep",
-                                "storage.query", "storage.verify", "storage.store"):
-                        importlib.import_module(mod)
+                    root = pathlib.Path(__file__).resolve().parents[1]
+                    for room in ("core", "storage", "deploy", "tasks", "flows", "kktlab"):
+                        importlib.import_module(room)
+                        for mod in pkgutil.walk_packages([str(root / room)], prefix=f"{room}."):
+                            importlib.import_module(mod.name)
                     os.setgid(job["uid"])
                     os.setuid(job["uid"])
                     sys.exit(sys.modules["kktlab.cli"].main(job["argv"]))
