@@ -28,6 +28,7 @@ from flows import checkpoint as checkpoint_io
 from flows import result_cache
 from flows.bundles import make_bundles, memory_budget
 from flows.progress import Progress
+from storage.schema import UPSTREAM_HASH
 
 
 class _Stage:
@@ -54,10 +55,10 @@ class Scheduler:
         by_name: dict[str, _Stage] = {}
         for cfg in stages:
             store = open_store(cfg, store_path, cfg.runner["device"])
-            todo, done_before = plan(cfg, store, force, retry_failed)
-            stats = {"group": cfg.name, "store": str(store_path), "total": cfg.n_cells, "done_before": done_before,
-                     "computed": 0, "from_cache": 0, "written": 0, "failed": 0, "failures": [], "refused_done": 0,
-                     "bundles": 0}
+            stats = {"group": cfg.name, "store": str(store_path), "total": cfg.n_cells, "computed": 0,
+                     "from_cache": 0, "written": 0, "failed": 0, "failures": [], "refused_done": 0, "bundles": 0}
+            todo, done_before = plan(cfg, store, force, retry_failed, stats)
+            stats["done_before"] = done_before
             writer = None
             if todo:
                 from flows.sweep import _Writer
@@ -95,7 +96,8 @@ class Scheduler:
             ckpt = checkpoint_io.path_for(self.path, cfg.name, bundle_id(cfg.experiment, keyed))
             key = result_cache.bundle_key(cfg.experiment, keyed, device, code_fingerprint())
             cpath = result_cache.path_for(self.path, cfg.name, key)
-            cached = None if self.force else result_cache.load(cpath, key, len(cells), set(cfg.exp.variables), FAILED)
+            names = set(cfg.exp.variables) | ({UPSTREAM_HASH} if st.up else set())
+            cached = None if self.force else result_cache.load(cpath, key, len(cells), names, FAILED)
             if cached is not None:  # computed by a run killed before it wrote them
                 self._store(st, b, cached, True, cpath, ckpt, None)
                 continue

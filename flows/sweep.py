@@ -24,6 +24,7 @@ from flows import config as config_mod
 from flows import experiments
 from flows import result_cache
 from flows.progress import Progress
+from storage.schema import UPSTREAM_HASH
 from storage.store import Store
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -108,7 +109,8 @@ def compute_cells(exp, cells: list[dict], device: str, checkpoint: str | None, i
 def compute_reading(exp, cells: list[dict], device: str, inputs: dict) -> list[dict]:
     """A reading stage's bundle: its upstream cells' nets are read from the store here, on the
     worker (never passed through the flow); a cell whose upstream cell is not usable (not done,
-    failed, no nets stored) is failed with that reason, not computed."""
+    failed, no nets stored) is failed with that reason, not computed. Each computed cell keeps the
+    ``cell_hash`` of the upstream cell read with its nets (``upstream_hash``: storage/stale.py)."""
     from storage.nets import load_nets_at
 
     nets = load_nets_at(inputs["store"], inputs["group"], [tuple(i) for i in inputs["indices"]])
@@ -116,7 +118,7 @@ def compute_reading(exp, cells: list[dict], device: str, inputs: dict) -> list[d
     out: list[dict] = [{FAILED: p} for p in nets.problems]
     if ok:
         for i, res in zip(ok, compute_cells(exp, [cells[i] for i in ok], device, None, nets.select(ok))):
-            out[i] = res
+            out[i] = res if FAILED in res else dict(res, **{UPSTREAM_HASH: nets.hashes[i]})
     return out
 
 
@@ -146,16 +148,23 @@ def bundle_id(experiment: str, cells: list[dict]) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()[:24]
 
 
-def plan(cfg: config_mod.Config, store: Store, force: bool, retry_failed: bool = False):
+def plan(cfg: config_mod.Config, store: Store, force: bool, retry_failed: bool = False, stats: dict | None = None):
     """The cells still to compute, as (grid index, cell) pairs, and how many were done before
     (failed cells count as done unless ``retry_failed``).
 
     ``done`` is not trusted alone: arrays whose metadata is gone are re-created from the template,
     and done cells with a missing, corrupt or non-finite value (storage/verify.py) are marked not
-    done, so they are recomputed and not counted as done before."""
+    done, so they are recomputed and not counted as done before. So are the stale cells of a
+    reading stage (they read an upstream cell that has changed since, storage/stale.py): their
+    count goes to ``stats["stale_recomputed"]``."""
+    from storage.stale import stale_cells
+
     cells = cfg.store_cells()
     store.restore_arrays(cfg.exp, cfg.store_grid, cfg.extra_sizes())
     store.mark_not_done(store.verify(cfg.exp).cells)
+    stale = store.mark_not_done(stale_cells(store.path, store.group_name).cells)
+    if stats is not None:
+        stats["stale_recomputed"] = stale
     done = store.done_mask().ravel()
     if retry_failed:
         done &= ~store.failed_mask().ravel()

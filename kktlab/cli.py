@@ -220,8 +220,9 @@ def cmd_deploy(args) -> int:
 
 def cmd_status(args) -> int:
     """Cells done / total per group; done cells that are damaged (storage/verify.py) are not
-    counted as done but named below (exit status 1)."""
+    counted as done but named below (exit status 1); stale done cells (storage/stale.py) are named too."""
     from storage.query import status
+    from storage.stale import status_lines as stale_lines
 
     rc = 0
     reports = _verify(args.store)  # metadata damage: one line (StoreError) before anything else reads it
@@ -237,6 +238,8 @@ def cmd_status(args) -> int:
             print(line)
         for cell, err in list(row.get("failures", {}).items())[:SHOWN_DAMAGED]:
             print(f"  failed: {cell}: {err}")
+        for line in stale_lines(args.store, r.group, SHOWN_DAMAGED):  # storage/stale.py
+            print(line)
         rc = rc or int(not r.ok)
     return rc
 

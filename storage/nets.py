@@ -28,7 +28,8 @@ class Nets:
     float64 on the CPU: W (E,k,d), b (E,k), v (E,k), X (E,m,d), y (E,m), mask (E,m) the real
     samples, d, m, width (E,) int64 true sizes, rng_state (E,n) uint8 the minibatch generator
     after training. ``cells``: each net's coordinates; ``problems``: why a cell is not usable
-    (not done, failed, no nets stored), '' where it is (its tensors are zeros otherwise)."""
+    (not done, failed, no nets stored), '' where it is (its tensors are zeros otherwise); ``hashes``:
+    each cell's ``cell_hash`` as read with its nets (the version used; -1 where none is stored)."""
 
     W: "torch.Tensor"  # noqa: F821
     b: "torch.Tensor"  # noqa: F821
@@ -42,6 +43,7 @@ class Nets:
     rng_state: "torch.Tensor"  # noqa: F821
     cells: list[dict]
     problems: list[str]
+    hashes: list[int] = dataclasses.field(default_factory=list)  # each cell's cell_hash (-1: none recorded)
 
     def select(self, idx: list[int]) -> "Nets":
         """The nets at positions ``idx``, cut again to their own largest sizes."""
@@ -53,7 +55,8 @@ class Nets:
         t = torch.tensor(idx, dtype=torch.long)
         return Nets(self.W[t, :k, :d], self.b[t, :k], self.v[t, :k], self.X[t, :m, :d], self.y[t, :m],
                     self.mask[t, :m], self.d[t], self.m[t], self.width[t], self.rng_state[t],
-                    [self.cells[i] for i in idx], [self.problems[i] for i in idx])
+                    [self.cells[i] for i in idx], [self.problems[i] for i in idx],
+                    [self.hashes[i] for i in idx] if self.hashes else [])
 
 
 def _problem(g: zarr.Group, idx: tuple, label: str) -> str:
@@ -99,9 +102,10 @@ def load_nets_at(path: str | pathlib.Path, group: str, indices: list[tuple[int, 
     for e in (i for i, p in enumerate(problems) if not p):
         if not all(np.isfinite(out[n][e]).all() for n in ARRAYS):
             problems[e] = f"upstream cell ({labels[e]}) has non-finite stored nets"
+    hashes = [int(g[schema.CELL_HASH][tuple(idx)]) if schema.CELL_HASH in g else schema.NO_HASH for idx in indices]
     t = {n: torch.from_numpy(a) for n, a in out.items()}
     return Nets(t["W"], t["b"], t["v"], t["X"], t["y"], mask, torch.from_numpy(size["d_used"]), m,
-                torch.from_numpy(size["width_used"]), torch.from_numpy(rng), cells, problems)
+                torch.from_numpy(size["width_used"]), torch.from_numpy(rng), cells, problems, hashes)
 
 
 def select_indices(path: str | pathlib.Path, group: str, sel: dict) -> list[tuple[int, ...]]:

@@ -10,6 +10,10 @@ raised (their variables keep the fill value; the error text is in the group attr
 Every chunk (coordinates included) ends in a crc32c checksum, so a flipped byte or a garbage chunk
 reads as an error instead of a wrong number (storage/verify.py); the group attribute
 ``kktlab_variables`` lists the variables a complete cell has.
+
+A stage that produces something for another stage (``Experiment.produces``) has ``cell_hash``, a
+stage that reads one (``Experiment.reads``) ``upstream_hash`` (int64, -1: none): stale detection,
+storage/stale.py.
 """
 
 from __future__ import annotations
@@ -29,6 +33,10 @@ FINITE = "must_be_finite"  # array attribute: a done cell's value is finite (int
 VARIABLES = "kktlab_variables"  # group attribute: the variable names, ``done`` included
 PAD = "pad_value"  # array attribute: what is stored past a cell's true size along its extra dims
 CHECKSUM = "crc32c"  # the codec that ends every chunk written from this template
+CELL_HASH = "cell_hash"  # a producing stage's cell: content hash of its stored values (storage/stale.py)
+UPSTREAM_HASH = "upstream_hash"  # a reading stage's cell: the cell_hash of the upstream cell it read
+NO_HASH = -1  # the fill of both: no hash recorded (cells of stores made before hashes)
+NOT_HASHED = ("wall_s",)  # timings differ on every run and change nothing a downstream cell reads
 
 
 def coord_values(values: list) -> np.ndarray:
@@ -77,6 +85,13 @@ def template(exp: Experiment, grid: dict[str, list], extra_sizes: dict[str, int]
         attrs={"units": "1", "description": "True if computing the cell raised (group attr kktlab_failures "
                                             "has the error); its variables hold the fill value"},
     )
+    hashes = {CELL_HASH: (bool(exp.produces), "sha256 of the cell's stored values but timings (first 63 bits; "
+                                              "-1: none recorded), compared with a reading stage's upstream_hash"),
+              UPSTREAM_HASH: (bool(exp.reads), "cell_hash of the upstream cell this cell read (-1: none recorded)")}
+    for name, (wanted, description) in hashes.items():
+        if wanted:
+            data_vars[name] = xr.Variable(dims, da.full(shape, NO_HASH, dtype=np.int64, chunks=(1,) * len(dims)),
+                                          attrs={"units": "1", "description": description})
     coords = {k: coord_values(v) for k, v in grid.items()}
     return xr.Dataset(data_vars, coords=coords, attrs={VARIABLES: sorted(data_vars)})
 

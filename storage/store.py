@@ -14,6 +14,7 @@ template (:meth:`Store.restore_arrays`).
 from __future__ import annotations
 
 import datetime
+import hashlib
 import itertools
 import json
 import os
@@ -218,6 +219,7 @@ class Store:
         done = self._array(schema.DONE)
         if bool(done[index]) and not force and not (replace_failed and self._is_failed(index)):
             return False
+        stored: dict[str, np.ndarray] = {}
         for name, value in values.items():
             arr = self._array(name)
             extra = arr.shape[len(index):]
@@ -228,7 +230,10 @@ class Store:
                 full[tuple(slice(0, s) for s in v.shape)] = v
                 v = full
             arr[index] = v
+            stored[name] = v
         g = self._group_rw
+        if schema.CELL_HASH in g:  # after the values, before done: a done cell always has its hash
+            self._array(schema.CELL_HASH)[index] = content_hash(stored)
         if schema.FAILED in g and bool(self._array(schema.FAILED)[index]):  # a retried failure that now works
             self._array(schema.FAILED)[index] = False
             failures = dict(g.attrs.get(schema.FAILURES, {}))
@@ -257,6 +262,8 @@ class Store:
         g.attrs[schema.FAILURES] = failures
         if schema.FAILED in g:  # stores made before failures were stored have no such array
             self._array(schema.FAILED)[index] = True
+        if schema.CELL_HASH in g:  # a failed cell holds no values: no hash (its readers are stale)
+            self._array(schema.CELL_HASH)[index] = schema.NO_HASH
         done[index] = True
         return True
 
@@ -281,6 +288,20 @@ class Store:
     def cell_indices(self) -> list[tuple[int, ...]]:
         shape = self.group()[schema.DONE].shape
         return list(itertools.product(*(range(s) for s in shape)))
+
+
+def content_hash(values: dict[str, np.ndarray]) -> int:
+    """sha256 over (name, dtype, shape, bytes) of a cell's values as stored (padded, cast), in name
+    order, without timings (``schema.NOT_HASHED``) and hashes; its first 63 bits, so never the fill -1.
+    A deterministic recomputation gets the same hash; any changed value, another."""
+    h = hashlib.sha256()
+    for name in sorted(values):
+        if name in schema.NOT_HASHED or name in (schema.CELL_HASH, schema.UPSTREAM_HASH):
+            continue
+        v = np.ascontiguousarray(values[name])
+        h.update(f"{name}\0{v.dtype.str}\0{v.shape}\0".encode())
+        h.update(v.tobytes())
+    return int.from_bytes(h.digest()[:8], "little") & (2**63 - 1)
 
 
 def _array_sound(apath: pathlib.Path, read_values: bool) -> bool:
