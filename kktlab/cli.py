@@ -147,9 +147,9 @@ def _print_stage(cfg, store, report, stats, table: str) -> None:
     print(f"\n== {cfg.experiment} / {cfg.name}")
     print(table)
     print(f"store: {os.path.abspath(store)}  group: {cfg.name}")
-    print("cells: {total} total, {done_before} done before, {written} written now ({from_cache} of "
-          "them from the result cache, {damaged_recomputed} damaged cells recomputed), {failed} "
-          "failed, {refused_done} refused (already done), {bundles} bundles, {wall_s:.1f} s"
+    print("cells: {total} total, {done_before} done before, {written} written now ({from_cache} of them from the "
+          "result cache, {damaged_recomputed} damaged cells recomputed, {stale_recomputed} stale), {failed} failed, "
+          "{refused_done} refused (already done), {bundles} bundles, {wall_s:.1f} s"
           .format(**stats))
     for line in stats["failures"]:
         print(f"  failed: {line}")

@@ -53,6 +53,9 @@ def stale_cells(path: str | pathlib.Path, group: str) -> Stale:
     out = Stale(group, source, [], [], [])
     if not source:
         return out
+    if not (path / source / "zarr.json").is_file():
+        out.notes.append(f"its upstream group '{source}' is missing: not checked")
+        return out
     up = _group(path, source)
     if schema.UPSTREAM_HASH not in g or schema.CELL_HASH not in up:
         out.notes.append(f"group '{group}' or its upstream '{source}' was made before cell hashes: "

@@ -30,10 +30,10 @@ RUNNER = {"cluster": "inline", "workers": 1, "bundle_size": 2}
 CHANGED = (1, 0)  # the upstream cell (d=24, seed=0) whose values a test changes
 
 
-def chain(stages: int = 2) -> config.Chain:
+def chain(stages: int = 2, reader: str = "robustness", attacks: list = ATTACKS) -> config.Chain:
     raw = {"name": "tiny", "runner": dict(RUNNER), "stages": [
         {"name": "nets", "experiment": "train", "grid": dict(GRID), "params": dict(TRAIN)},
-        {"name": "robustness", "experiment": "universal_attack", "from": "nets", "grid": {"attack": list(ATTACKS)}},
+        {"name": reader, "experiment": "universal_attack", "from": "nets", "grid": {"attack": list(attacks)}},
     ][:stages]}
     return config.parse(raw)
 
@@ -148,3 +148,30 @@ def test_store_without_hashes_opens_and_is_not_judged(store, capsys):
     assert [(s["written"], s["stale_recomputed"]) for s in stats] == [(0, 0), (0, 0)]
     assert (hashes(store, "robustness", schema.UPSTREAM_HASH) == schema.NO_HASH).all()
     assert "recorded no upstream hash" in stale_cells(store, "robustness").notes[0]
+
+
+def test_another_downstream_grid_never_recomputes_the_upstream(store):
+    """A reading stage with another grid (a new group) reads the stored nets; the upstream's cells
+    and hashes stay as they were."""
+    before = hashes(store, "nets", schema.CELL_HASH)
+    stats = run_sweep(chain(reader="one_attack", attacks=ATTACKS[:1]), str(store))
+    assert [(s["group"], s["done_before"], s["written"]) for s in stats] == [("nets", 4, 0), ("one_attack", 0, 4)]
+    np.testing.assert_array_equal(hashes(store, "nets", schema.CELL_HASH), before)
+    np.testing.assert_array_equal(hashes(store, "one_attack", schema.UPSTREAM_HASH)[..., 0], before)
+    assert stale_cells(store, "one_attack").cells == []
+
+
+def test_an_upstream_cell_recomputed_in_the_same_run_is_read_after_it(store):
+    """A damaged upstream cell is marked not done when its stage is planned, so its done readers
+    are stale at once: they wait for the recomputed cell and read it (same values: same hash)."""
+    before = open_results(store, "robustness").load()
+    chunk = next((store / "nets" / "W" / "c" / str(CHANGED[0]) / str(CHANGED[1])).rglob("*"))
+    while chunk.is_dir():
+        chunk = next(chunk.iterdir())
+    chunk.unlink()
+    stats = run_sweep(chain(), str(store))
+    assert [(s["written"], s["stale_recomputed"]) for s in stats] == [(1, 0), (2, 2)]
+    after = open_results(store, "robustness").load()
+    np.testing.assert_array_equal(after.upstream_hash.values, before.upstream_hash.values)
+    np.testing.assert_allclose(after.c_star.values, before.c_star.values, rtol=0, atol=0)
+    assert stale_cells(store, "robustness").cells == []
