@@ -7,7 +7,8 @@ upstream cell, and each group is cut into bundles (``flows.bundles``) and submit
 ``wait_for=[that upstream task run]``, right after the flow has stored that upstream bundle: so a
 downstream bundle starts as soon as its inputs are in the store, while other upstream bundles
 still run, and the Prefect UI shows the dependency. Cells whose upstream cell is already stored
-(or comes from the result cache) are submitted at once, with no dependency. The downstream
+(or comes from the result cache) are submitted at once, with no dependency. A reading stage's
+cached bundle that read another version of its upstream cells than the stored one is not used. The downstream
 worker reads its inputs from the store (``storage.nets.load_nets_at``); a cell whose upstream cell
 failed or holds no nets is stored as failed with that reason.
 
@@ -29,6 +30,7 @@ from flows import result_cache
 from flows.bundles import make_bundles, memory_budget
 from flows.progress import Progress
 from storage.schema import UPSTREAM_HASH
+from storage.stale import read_another_version
 
 
 class _Stage:
@@ -98,6 +100,9 @@ class Scheduler:
             cpath = result_cache.path_for(self.path, cfg.name, key)
             names = set(cfg.exp.variables) | ({UPSTREAM_HASH} if st.up else set())
             cached = None if self.force else result_cache.load(cpath, key, len(cells), names, FAILED)
+            if cached is not None and st.up and read_another_version(self.path, st.up.cfg.name, ups, cached):
+                result_cache.quarantine(cpath, "it read an upstream cell that has changed since")
+                cached = None
             if cached is not None:  # computed by a run killed before it wrote them
                 self._store(st, b, cached, True, cpath, ckpt, None)
                 continue

@@ -84,6 +84,16 @@ def stale_cells(path: str | pathlib.Path, group: str) -> Stale:
     return out
 
 
+def read_another_version(path: str | pathlib.Path, upstream: str, indices: list, results: list[dict]) -> bool:
+    """Did any of ``results`` (a reading stage's cached results, one per upstream cell at
+    ``indices``) read an upstream cell whose hash is not the one stored now? Such a cache is not used."""
+    g = _group(pathlib.Path(path), upstream)
+    if schema.CELL_HASH not in g:
+        return False
+    return any(schema.UPSTREAM_HASH in res and int(res[schema.UPSTREAM_HASH]) != int(g[schema.CELL_HASH][tuple(idx)])
+               for idx, res in zip(indices, results))
+
+
 def status_lines(path: str | pathlib.Path, group: str, limit: int = 5) -> list[str]:
     """What ``kktlab status`` prints about a group's stale cells: their count and first names, and
     the notes (nothing for a group that reads nothing or has none)."""

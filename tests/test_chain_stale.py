@@ -175,3 +175,33 @@ def test_an_upstream_cell_recomputed_in_the_same_run_is_read_after_it(store):
     np.testing.assert_array_equal(after.upstream_hash.values, before.upstream_hash.values)
     np.testing.assert_allclose(after.c_star.values, before.c_star.values, rtol=0, atol=0)
     assert stale_cells(store, "robustness").cells == []
+
+
+def test_a_cached_bundle_that_read_an_older_upstream_is_not_used(store, monkeypatch):
+    """A run killed after the reading bundle was computed (its results in the result cache) but
+    before they were stored; the upstream cell then changed again: the rerun computes the bundle
+    anew from the current upstream instead of storing what read the older one."""
+    from flows import chain as chain_mod
+
+    class Killed(Exception):
+        pass
+
+    changed_upstream(store)
+    keep = chain_mod.Scheduler._store
+
+    def killed_before_storing(self, st, *args):
+        if st.cfg.name == "robustness":
+            raise Killed
+        return keep(self, st, *args)
+
+    monkeypatch.setattr(chain_mod.Scheduler, "_store", killed_before_storing)
+    with pytest.raises(Killed):
+        run_sweep(chain(), str(store))
+    monkeypatch.setattr(chain_mod.Scheduler, "_store", keep)
+    assert list((store.parent / "chain.zarr.cache" / "robustness").glob("*.npz"))
+    changed_upstream(store)  # changed again: the cached results read the version before
+    stats = run_sweep(chain(), str(store))
+    # the killed run had marked the stale cells not done (so 0 stale now); none came from the cache
+    assert [(s["written"], s["from_cache"], s["stale_recomputed"]) for s in stats] == [(0, 0, 0), (2, 0, 0)]
+    assert list((store.parent / "chain.zarr.cache" / "robustness").glob("*.bad-*"))
+    assert stale_cells(store, "robustness").cells == []
