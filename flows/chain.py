@@ -27,10 +27,34 @@ from core.errors import UserError
 from deploy import dask as dask_specs
 from flows import checkpoint as checkpoint_io
 from flows import result_cache
+from flows.result_cache import FAILED
 from flows.bundles import make_bundles, memory_budget
 from flows.progress import Progress
 from storage.schema import UPSTREAM_HASH
 from storage.stale import read_another_version
+
+
+class Writer:
+    """Writes finished bundles into the store and keeps the run's counts."""
+
+    def __init__(self, store, stats: dict, progress: Progress, force: bool, retry_failed: bool):
+        self.store, self.stats, self.progress = store, stats, progress
+        self.kw = {"force": force, "replace_failed": retry_failed}
+
+    def write(self, bundle, results: list[dict], *, cached: bool) -> None:
+        for (idx, _), values in zip(bundle, results):
+            if FAILED in values:
+                ok = self.store.write_failed(idx, str(values[FAILED]), **self.kw)
+                if ok:
+                    self.stats["failed"] += 1
+                    if len(self.stats["failures"]) < 5:
+                        self.stats["failures"].append(f"{self.store.cell_label(idx)}: {values[FAILED]}")
+            else:
+                ok = self.store.write_cell(idx, values, **self.kw)
+                self.stats["written"] += ok
+            self.stats["refused_done"] += not ok
+        self.stats["from_cache" if cached else "computed"] += len(bundle)
+        self.progress.advance(len(bundle))
 
 
 class _Stage:
@@ -45,7 +69,7 @@ class _Stage:
 
 
 class Scheduler:
-    def __init__(self, stages, store_path: str, force: bool, retry_failed: bool, text: str = ""):
+    def __init__(self, stages, store_path: str, force: bool, retry_failed: bool):
         from flows.sweep import open_store, plan
 
         self.path, self.force, self.retry_failed = store_path, force, retry_failed
@@ -63,9 +87,7 @@ class Scheduler:
             stats["done_before"] = done_before
             writer = None
             if todo:
-                from flows.sweep import _Writer
-
-                writer = _Writer(store, stats, Progress(cfg.n_cells, cfg.n_cells - len(todo), cfg.name),
+                writer = Writer(store, stats, Progress(cfg.n_cells, cfg.n_cells - len(todo), cfg.name),
                                  force, retry_failed)
             st = _Stage(cfg, store, todo, done_before, stats, writer)
             if cfg.source:
@@ -85,7 +107,7 @@ class Scheduler:
         cache or submit it as a task run."""
         import dask
 
-        from flows.sweep import FAILED, bundle_id, code_fingerprint, run_bundle
+        from flows.sweep import bundle_id, code_fingerprint, run_bundle
 
         cfg, device = st.cfg, st.cfg.runner["device"]
         resources = dask_specs.resources_for(device)
@@ -99,7 +121,7 @@ class Scheduler:
             key = result_cache.bundle_key(cfg.experiment, keyed, device, code_fingerprint())
             cpath = result_cache.path_for(self.path, cfg.name, key)
             names = set(cfg.exp.variables) | ({UPSTREAM_HASH} if st.up else set())
-            cached = None if self.force else result_cache.load(cpath, key, len(cells), names, FAILED)
+            cached = None if self.force else result_cache.load(cpath, key, len(cells), names)
             if cached is not None and st.up and read_another_version(self.path, st.up.cfg.name, ups, cached):
                 result_cache.quarantine(cpath, "it read an upstream cell that has changed since")
                 cached = None

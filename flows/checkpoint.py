@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import os
 import pathlib
-import time
 from typing import Callable
 
 import torch
 
+from flows import result_cache
 from tasks import train
 
 
@@ -63,8 +63,7 @@ def load(path: str, device, dtype, generators: list[torch.Generator],
 
 
 def quarantine(path: str, why: str) -> str:
-    bad = f"{path}.bad-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
-    os.replace(path, bad)
+    bad = result_cache.set_aside(path)
     print(f"[kktlab] warning: checkpoint {path} is unusable ({why}); moved to {bad}, "
           "the bundle restarts from scratch", flush=True)
     return bad

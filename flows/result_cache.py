@@ -28,6 +28,7 @@ import zipfile
 import numpy as np
 
 META = "__kktlab_meta__"
+FAILED = "__failed__"  # key of a cell's result when computing it raised: the error text
 
 
 def cache_dir(store: str, group: str) -> pathlib.Path:
@@ -68,10 +69,10 @@ def save(path: str, key: str, results: list[dict]) -> None:
     os.replace(tmp, path)
 
 
-def load(path: str, key: str, n_cells: int, variables: set[str], failed_key: str) -> list[dict] | None:
+def load(path: str, key: str, n_cells: int, variables: set[str]) -> list[dict] | None:
     """The cached results of a bundle, or None if there are none. A file that is not a plain
     ``.npz`` of this key with ``n_cells`` cells, each holding numbers for declared ``variables``
-    only or just the text of its failure (``failed_key``), is set aside (renamed
+    only or just the text of its failure (``FAILED``), is set aside (renamed
     ``*.bad-<time>``) and None is returned, so the bundle is recomputed."""
     if not os.path.exists(path):
         return None
@@ -86,23 +87,29 @@ def load(path: str, key: str, n_cells: int, variables: set[str], failed_key: str
                     continue
                 i, var = name.split("/", 1)
                 arr = z[name]
-                if arr.dtype.kind not in ("U" if var == failed_key else "biuf"):
+                if arr.dtype.kind not in ("U" if var == FAILED else "biuf"):
                     raise ValueError(f"entry {name!r} has dtype {arr.dtype}")
                 out[int(i)][var] = arr[()] if arr.ndim == 0 else arr
     except (OSError, ValueError, KeyError, IndexError, zipfile.BadZipFile, EOFError) as err:
         quarantine(path, f"{type(err).__name__}: {err}")
         return None
-    wrong = [i for i, v in enumerate(out) if not v or not (set(v) <= variables or set(v) == {failed_key})]
+    wrong = [i for i, v in enumerate(out) if not v or not (set(v) <= variables or set(v) == {FAILED})]
     if wrong:
         quarantine(path, f"cell {wrong[0]} has variables {sorted(out[wrong[0]])}, not declared ones")
         return None
     return out
 
 
-def quarantine(path: str, why: str) -> str:
-    """Move a file that cannot be trusted aside (never read again, kept for inspection)."""
+def set_aside(path: str) -> str:
+    """Move a file that cannot be trusted aside (never read again, kept for inspection): ``<path>.bad-<time>-<pid>``."""
     bad = f"{path}.bad-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
     os.replace(path, bad)
+    return bad
+
+
+def quarantine(path: str, why: str) -> str:
+    """:func:`set_aside` a cache file, with a warning: its cells are recomputed."""
+    bad = set_aside(path)
     print(f"[kktlab] warning: {path} set aside as {bad} ({why}); its cells are recomputed", flush=True)
     return bad
 

@@ -23,7 +23,7 @@ from deploy import dask as dask_specs
 from flows import config as config_mod
 from flows import experiments
 from flows import result_cache
-from flows.progress import Progress
+from flows.result_cache import FAILED
 from storage.schema import UPSTREAM_HASH
 from storage.store import Store
 
@@ -46,9 +46,6 @@ def tree_fingerprint(root: pathlib.Path, subdirs: tuple[str, ...]) -> str:
             h.update(b"\0")
             h.update(f.read_bytes())
     return h.hexdigest()[:16]
-
-
-FAILED = "__failed__"  # key of a cell's result when computing it raised: the error text
 
 
 def retry_unless_user_error(task, task_run, state) -> bool:
@@ -190,31 +187,8 @@ def sweep(config: dict, store: str, force: bool = False, retry_failed: bool = Fa
     config = dict(config)
     text = config.pop("_text", "")
     cfg = config_mod.parse(config, text)
-    stats = execute_chain(cfg.stages, store, force, retry_failed, text)
+    stats = execute_chain(cfg.stages, store, force, retry_failed)
     return stats if "stages" in config else stats[0]
-
-
-class _Writer:
-    """Writes finished bundles into the store and keeps the run's counts."""
-
-    def __init__(self, store: Store, stats: dict, progress: Progress, force: bool, retry_failed: bool):
-        self.store, self.stats, self.progress = store, stats, progress
-        self.kw = {"force": force, "replace_failed": retry_failed}
-
-    def write(self, bundle, results: list[dict], *, cached: bool) -> None:
-        for (idx, _), values in zip(bundle, results):
-            if FAILED in values:
-                ok = self.store.write_failed(idx, str(values[FAILED]), **self.kw)
-                if ok:
-                    self.stats["failed"] += 1
-                    if len(self.stats["failures"]) < 5:
-                        self.stats["failures"].append(f"{self.store.cell_label(idx)}: {values[FAILED]}")
-            else:
-                ok = self.store.write_cell(idx, values, **self.kw)
-                self.stats["written"] += ok
-            self.stats["refused_done"] += not ok
-        self.stats["from_cache" if cached else "computed"] += len(bundle)
-        self.progress.advance(len(bundle))
 
 
 def execute(cfg: config_mod.Config, store_path: str, force: bool, retry_failed: bool = False) -> dict:
@@ -222,12 +196,12 @@ def execute(cfg: config_mod.Config, store_path: str, force: bool, retry_failed: 
     return execute_chain([cfg], store_path, force, retry_failed)[0]
 
 
-def execute_chain(stages: list[config_mod.Config], store_path: str, force: bool, retry_failed: bool = False,
-                  text: str = "") -> list[dict]:
+def execute_chain(stages: list[config_mod.Config], store_path: str, force: bool,
+                  retry_failed: bool = False) -> list[dict]:
     """Every stage in order, in this flow run: see :class:`flows.chain.Scheduler`."""
     from flows.chain import Scheduler
 
-    return Scheduler(stages, store_path, force, retry_failed, text).run()
+    return Scheduler(stages, store_path, force, retry_failed).run()
 
 
 def run(cfg, store_path: str, force: bool = False, retry_failed: bool = False):

@@ -75,12 +75,13 @@ def stale_cells(path: str | pathlib.Path, group: str) -> Stale:
     if unjudged:
         out.notes.append(f"{unjudged} done cells of '{group}' recorded no upstream hash (computed before "
                          "hashes): not checked")
-    dims = list(g[schema.DONE].metadata.dimension_names)
-    coords = {d: np.asarray(g[d][...]) for d in dims}
+    from storage.store import Store
+
+    label = Store(path, group).cell_label
     for idx in zip(*np.nonzero(stale)):
         idx = tuple(int(i) for i in idx)
         out.cells.append(idx)
-        out.names.append(", ".join(f"{d}={coords[d][i].item()}" for d, i in zip(dims, idx)))
+        out.names.append(label(idx))
     return out
 
 
