@@ -12,8 +12,9 @@ cached bundle that read another version of its upstream cells than the stored on
 worker reads its inputs from the store (``storage.nets.load_nets_at``); a cell whose upstream cell
 failed or holds no nets is stored as failed with that reason.
 
-Task runs are named ``<stage>: <n> cells <first cell>``. Results come back as today: the worker
-writes them to the result cache, the flow writes the store and drops the cache file.
+Task runs are named ``<stage>: <n> cells <first cell>``. The worker writes its cells' regions of
+the store and a receipt (:mod:`flows.result_cache`) and returns the receipt; the flow marks the
+cells done and drops it (no array passes through Prefect or the flow process).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from core.errors import UserError
 from deploy import dask as dask_specs
 from flows import checkpoint as checkpoint_io
 from flows import result_cache
-from flows.result_cache import FAILED
+from flows.result_cache import FAILED, HASH, REFUSED
 from flows.bundles import make_bundles, memory_budget
 from flows.progress import Progress
 from storage.schema import UPSTREAM_HASH
@@ -35,22 +36,22 @@ from storage.stale import read_another_version
 
 
 class Writer:
-    """Writes finished bundles into the store and keeps the run's counts."""
+    """Marks the cells of finished bundles done (their workers wrote them) and keeps the run's counts."""
 
     def __init__(self, store, stats: dict, progress: Progress, force: bool, retry_failed: bool):
         self.store, self.stats, self.progress = store, stats, progress
         self.kw = {"force": force, "replace_failed": retry_failed}
 
-    def write(self, bundle, results: list[dict], *, cached: bool) -> None:
-        for (idx, _), values in zip(bundle, results):
-            if FAILED in values:
-                ok = self.store.write_failed(idx, str(values[FAILED]), **self.kw)
+    def write(self, bundle, receipts: list[dict], *, cached: bool) -> None:
+        for (idx, _), got in zip(bundle, receipts):
+            if FAILED in got:
+                ok = self.store.write_failed(idx, str(got[FAILED]), **self.kw)
                 if ok:
                     self.stats["failed"] += 1
                     if len(self.stats["failures"]) < 5:
-                        self.stats["failures"].append(f"{self.store.cell_label(idx)}: {values[FAILED]}")
+                        self.stats["failures"].append(f"{self.store.cell_label(idx)}: {got[FAILED]}")
             else:
-                ok = self.store.write_cell(idx, values, **self.kw)
+                ok = REFUSED not in got and self.store.mark_done(idx, int(got[HASH]), **self.kw)
                 self.stats["written"] += ok
             self.stats["refused_done"] += not ok
         self.stats["from_cache" if cached else "computed"] += len(bundle)
@@ -120,20 +121,26 @@ class Scheduler:
             ckpt = checkpoint_io.path_for(self.path, cfg.name, bundle_id(cfg.experiment, keyed))
             key = result_cache.bundle_key(cfg.experiment, keyed, device, code_fingerprint())
             cpath = result_cache.path_for(self.path, cfg.name, key)
-            names = set(cfg.exp.variables) | ({UPSTREAM_HASH} if st.up else set())
+            names = {HASH, REFUSED, UPSTREAM_HASH}
             cached = None if self.force else result_cache.load(cpath, key, len(cells), names)
             if cached is not None and st.up and read_another_version(self.path, st.up.cfg.name, ups, cached):
                 result_cache.quarantine(cpath, "it read an upstream cell that has changed since")
                 cached = None
-            if cached is not None:  # computed by a run killed before it wrote them
+            written = [(idx, int(r[HASH])) for (idx, _), r in zip(b, cached or []) if HASH in r]
+            if cached is not None and not st.store.holds(written):
+                result_cache.quarantine(cpath, "the store does not hold the values it records (store made anew?)")
+                cached = None
+            if cached is not None:  # computed and written by a run killed before it marked them done
                 self._store(st, b, cached, True, cpath, ckpt, None)
                 continue
             inputs = {"store": str(self.path), "group": st.up.cfg.name, "indices": ups} if st.up else None
             name = f"{cfg.name}: {len(b)} cells from {st.store.cell_label(b[0][0])}"
+            target = {"store": str(self.path), "group": cfg.name, "indices": [list(idx) for idx, _ in b],
+                      "force": self.force, "replace_failed": self.retry_failed}
             fn = run_bundle.with_options(retries=cfg.runner["retries"], task_run_name=name)
             with dask.annotate(**({"resources": resources} if resources else {})):
                 fut = fn.submit(cfg.experiment, cells, device, ckpt if cfg.exp.checkpoints else None, cpath, key,
-                                inputs, wait_for=wait_for or None)
+                                inputs, target, wait_for=wait_for or None)
             self.futures[fut] = (st, b, ckpt, cpath)
             _on_done(fut, self.done_q.put)
 

@@ -1,4 +1,10 @@
-"""A bundle's results, kept beside its store until they are written into it (issue 12 item 3).
+"""A bundle's receipts, kept beside its store until its cells are marked done (issues 12 item 3, 13 item 5).
+
+The worker that computed a bundle writes its cells' regions into the store itself and then the
+receipts here: per cell the content hash of what it wrote (``HASH``), ``REFUSED`` (the cell was done
+already) or the error text (``FAILED``); a reading stage's cells add the ``upstream_hash`` they read.
+A receipt file is the commit record of the worker's writes: it exists only once every region is
+written, so a run killed after it resumes by marking the cells done, with nothing recomputed.
 
 Why not Prefect's result persistence: it cloudpickles results into ``$PREFECT_HOME/storage``,
 global to the user and keyed only on the cell parameters and kernel source, so reading a result
@@ -6,13 +12,12 @@ back runs whatever a writable file says and a new store silently takes numbers c
 another store, torch version or device. Here:
 
 * one ``.npz`` per bundle in ``<store>.cache/<group>/`` (directory mode 0700), written by the
-  worker right after the bundle is computed (temp file + rename) and removed once its cells are
-  in the store, so the only thing it survives is a kill between the two;
+  worker right after the bundle's cells are written (temp file + rename) and removed once they are
+  marked done, so the only thing it survives is a kill between the two;
 * read with ``numpy.load(allow_pickle=False)``: numbers only, nothing is executed;
 * the key hashes the cells, the kernel code, the device asked for and the versions of python,
-  torch and numpy; the file repeats its key and the variables are checked against the
-  experiment's declaration, and anything that does not match is moved aside (``.bad``) and
-  recomputed.
+  torch and numpy; the file repeats its key and its fields are checked against a receipt's,
+  and anything that does not match is moved aside (``.bad``) and recomputed.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ import numpy as np
 
 META = "__kktlab_meta__"
 FAILED = "__failed__"  # key of a cell's result when computing it raised: the error text
+HASH = "__hash__"  # receipt of a cell its worker wrote into the store: the values' content hash
+REFUSED = "__refused__"  # receipt of a cell its worker did not write (done already)
 
 
 def cache_dir(store: str, group: str) -> pathlib.Path:
@@ -70,9 +77,9 @@ def save(path: str, key: str, results: list[dict]) -> None:
 
 
 def load(path: str, key: str, n_cells: int, variables: set[str]) -> list[dict] | None:
-    """The cached results of a bundle, or None if there are none. A file that is not a plain
-    ``.npz`` of this key with ``n_cells`` cells, each holding numbers for declared ``variables``
-    only or just the text of its failure (``FAILED``), is set aside (renamed
+    """The receipts of a bundle, or None if there are none. A file that is not a plain
+    ``.npz`` of this key with ``n_cells`` cells, each holding numbers for the receipt's fields
+    (``variables``) only or just the text of its failure (``FAILED``), is set aside (renamed
     ``*.bad-<time>``) and None is returned, so the bundle is recomputed."""
     if not os.path.exists(path):
         return None

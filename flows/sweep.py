@@ -1,10 +1,12 @@
 """The sweep flow: config -> grid -> bundles -> Dask -> tasks -> storage. Wiring only.
 
 Each bundle (cells that share shapes) is one Prefect task run on a Dask worker. Prefect keeps no
-results (nothing is pickled): the worker writes the bundle's numbers beside the store
+results (nothing is pickled) and no array leaves the worker: the worker writes its cells' regions
+of the store (each cell owns its chunks: one writer per chunk) and then a receipt beside the store
 (:mod:`flows.result_cache`, keyed on the cells, kernel code, device and versions, never the run
-id), the flow process writes each finished cell's region and then its ``done`` flag and drops
-the cached file, so a killed sweep resumes where it stopped and no cell is written twice. A
+id) and returns the receipt, a few numbers per cell; the flow process marks each cell ``done``
+and drops the receipt, so a killed sweep resumes where it stopped and no cell is written twice.
+A cluster of several machines needs the store on a filesystem every worker sees. A
 cell whose computation raises is stored as failed with its error; the others go on.
 """
 
@@ -119,19 +121,47 @@ def compute_reading(exp, cells: list[dict], device: str, inputs: dict) -> list[d
     return out
 
 
+def write_bundle(target: dict, results: list[dict]) -> list[dict]:
+    """Write a computed bundle's cells into their regions of the store, on the worker that computed
+    them (issue 13 item 5: arrays never travel back through Prefect or the flow), and return its
+    receipts: per cell ``{HASH: content hash}`` (plus ``upstream_hash`` for a reading stage),
+    ``{REFUSED: 1}`` when the cell is done already (never overwritten silently) or ``{FAILED: error}``
+    (the flow records failures). ``target``: store, group, indices, force, replace_failed."""
+    from storage.store import Store
+
+    store = Store(target["store"], target["group"])
+    kw = {"force": target.get("force", False), "replace_failed": target.get("replace_failed", False)}
+    out = []
+    for idx, values in zip(target["indices"], results):
+        if FAILED in values:
+            out.append({FAILED: values[FAILED]})
+            continue
+        h = store.write_values(tuple(idx), values, **kw)
+        receipt = {result_cache.REFUSED: 1} if h is None else {result_cache.HASH: h}
+        if h is not None and UPSTREAM_HASH in values:
+            receipt[UPSTREAM_HASH] = int(values[UPSTREAM_HASH])
+        out.append(receipt)
+    return out
+
+
 @task(name="run-bundle", cache_policy=NO_CACHE, persist_result=False, retries=2, retry_delay_seconds=1,
       retry_condition_fn=retry_unless_user_error)
 def run_bundle(experiment: str, cells: list[dict], device: str, checkpoint: str | None = None,
-               cache_path: str | None = None, cache_key: str | None = None, inputs: dict | None = None) -> list[dict]:
-    """Run one bundle of cells on this worker (one torch thread per worker process) and keep its
-    results beside the store (:mod:`flows.result_cache`) until the flow has written them.
-    ``inputs`` (a reading stage): the store, group and grid indices of its upstream cells."""
+               cache_path: str | None = None, cache_key: str | None = None, inputs: dict | None = None,
+               target: dict | None = None) -> list[dict]:
+    """Run one bundle of cells on this worker (one torch thread per worker process), write its
+    cells into the store (``target``, :func:`write_bundle`) and keep its receipts beside the store
+    (:mod:`flows.result_cache`) until the flow has marked the cells done; return the receipts (a few
+    numbers per cell). ``inputs`` (a reading stage): the store, group and grid indices of its
+    upstream cells. Without ``target`` the results themselves are returned (tests, benchmarks)."""
     import torch
 
     torch.set_num_threads(1)
     exp = experiments.get(experiment)
     results = (compute_reading(exp, cells, device, inputs) if inputs
                else compute_cells(exp, cells, device, checkpoint))
+    if target:
+        results = write_bundle(target, results)
     if cache_path:
         result_cache.save(cache_path, cache_key, results)
     return results

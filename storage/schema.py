@@ -33,7 +33,7 @@ FINITE = "must_be_finite"  # array attribute: a done cell's value is finite (int
 VARIABLES = "kktlab_variables"  # group attribute: the variable names, ``done`` included
 PAD = "pad_value"  # array attribute: what is stored past a cell's true size along its extra dims
 CHECKSUM = "crc32c"  # the codec that ends every chunk written from this template
-CELL_HASH = "cell_hash"  # a producing stage's cell: content hash of its stored values (storage/stale.py)
+CELL_HASH = "cell_hash"  # every cell: content hash of its stored values (storage/stale.py, flows/result_cache.py)
 UPSTREAM_HASH = "upstream_hash"  # a reading stage's cell: the cell_hash of the upstream cell it read
 NO_HASH = -1  # the fill of both: no hash recorded (cells of stores made before hashes)
 NOT_HASHED = ("wall_s",)  # timings differ on every run and change nothing a downstream cell reads
@@ -85,8 +85,8 @@ def template(exp: Experiment, grid: dict[str, list], extra_sizes: dict[str, int]
         attrs={"units": "1", "description": "True if computing the cell raised (group attr kktlab_failures "
                                             "has the error); its variables hold the fill value"},
     )
-    hashes = {CELL_HASH: (bool(exp.produces), "sha256 of the cell's stored values but timings (first 63 bits; "
-                                              "-1: none recorded), compared with a reading stage's upstream_hash"),
+    hashes = {CELL_HASH: (True, "sha256 of the cell's stored values but timings (first 63 bits; -1: none "
+                                "recorded), compared with a reading stage's upstream_hash and a worker's receipt"),
               UPSTREAM_HASH: (bool(exp.reads), "cell_hash of the upstream cell this cell read (-1: none recorded)")}
     for name, (wanted, description) in hashes.items():
         if wanted:

@@ -216,9 +216,22 @@ class Store:
         """Write one cell's variables, then mark it done. Returns False (writes nothing) if the
         cell is already done and neither ``force`` is set nor (``replace_failed``) it is a failed
         cell: stored results are never overwritten silently."""
-        done = self._array(schema.DONE)
-        if bool(done[index]) and not force and not (replace_failed and self._is_failed(index)):
-            return False
+        h = self.write_values(index, values, force=force, replace_failed=replace_failed)
+        return h is not None and self.mark_done(index, h, force=force, replace_failed=replace_failed)
+
+    def writable(self, index: tuple[int, ...], force: bool = False, replace_failed: bool = False) -> bool:
+        """May cell ``index`` be written? Not when it is done, unless ``force`` or (``replace_failed``)
+        it is a failed cell."""
+        return not bool(self._array(schema.DONE)[index]) or force or (replace_failed and self._is_failed(index))
+
+    def write_values(self, index: tuple[int, ...], values: dict, *, force: bool = False,
+                     replace_failed: bool = False) -> int | None:
+        """Write one cell's variables (padded along their extra dims) and its ``cell_hash``, but not
+        ``done``: what a worker does with the cells it computed (each cell owns its chunks, so workers
+        never share one); the flow then calls :meth:`mark_done`. Returns the values' content hash,
+        or None (nothing written) when the cell may not be written (:meth:`writable`)."""
+        if not self.writable(index, force, replace_failed):
+            return None
         stored: dict[str, np.ndarray] = {}
         for name, value in values.items():
             arr = self._array(name)
@@ -231,15 +244,37 @@ class Store:
                 v = full
             arr[index] = v
             stored[name] = v
+        h = content_hash(stored)
+        if schema.CELL_HASH in self._group_rw:  # after the values, before done: a done cell always has its hash
+            self._array(schema.CELL_HASH)[index] = h
+        return h
+
+    def holds(self, written: list[tuple[tuple[int, ...], int]]) -> bool:
+        """Do the cells hold what their worker wrote? ``written``: (index, content hash) pairs from
+        its receipts; each must be the stored ``cell_hash``. False for a group without hashes."""
+        if schema.CELL_HASH not in self.group():
+            return False
+        arr = self._array(schema.CELL_HASH)
+        return all(int(arr[tuple(idx)]) == h for idx, h in written)
+
+    def mark_done(self, index: tuple[int, ...], content: int | None = None, *, force: bool = False,
+                  replace_failed: bool = False) -> bool:
+        """Mark a cell whose values are written (:meth:`write_values`) done; a retried failure that
+        now worked is no longer failed. ``content``: the hash :meth:`write_values` returned; where
+        the group keeps ``cell_hash``, a cell whose stored hash is another is not marked (StoreError:
+        someone else wrote it since). Returns False if the cell may not be written."""
+        if not self.writable(index, force, replace_failed):
+            return False
         g = self._group_rw
-        if schema.CELL_HASH in g:  # after the values, before done: a done cell always has its hash
-            self._array(schema.CELL_HASH)[index] = content_hash(stored)
+        if content is not None and schema.CELL_HASH in g and int(self._array(schema.CELL_HASH)[index]) != content:
+            raise StoreError(f"{self.path}/{self.group_name}: cell {self.cell_label(index)} holds other values "
+                             "than its worker wrote (written again since?); rerun to recompute it")
         if schema.FAILED in g and bool(self._array(schema.FAILED)[index]):  # a retried failure that now works
             self._array(schema.FAILED)[index] = False
             failures = dict(g.attrs.get(schema.FAILURES, {}))
             failures.pop(self.cell_label(index), None)
             g.attrs[schema.FAILURES] = failures
-        done[index] = True
+        self._array(schema.DONE)[index] = True
         return True
 
     def _is_failed(self, index: tuple[int, ...]) -> bool:

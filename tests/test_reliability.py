@@ -16,7 +16,7 @@ import pytest
 import xarray as xr
 
 from flows import config, result_cache
-from flows.sweep import FAILED, code_fingerprint, run
+from flows.sweep import FAILED, code_fingerprint, open_store, run, write_bundle
 from storage.query import open_results
 from storage.store import Store
 
@@ -62,14 +62,22 @@ def _same(a, b):
         np.testing.assert_array_equal(a[k], b[k], err_msg=k)
 
 
-def test_results_of_a_killed_run_are_taken_from_the_cache(prefect_server, tmp_path, reference):
-    """A bundle computed but not written (a kill in between) is written from its cache file, said in
-    the run's stats, and the file is dropped once the cells are stored."""
+def _written_by_a_worker(cfg, store):
+    """What a worker leaves when the run is killed before the flow marks its cells done: the cells'
+    regions written into the store, and its receipt beside the store."""
     from flows import experiments
 
+    cells = open_store(cfg, store, cfg.runner["device"]).cell_indices()
+    results = experiments.get("nonrobust").run_bundle(cfg.cells(), "auto")
+    return write_bundle({"store": store, "group": cfg.name, "indices": cells}, results)
+
+
+def test_results_of_a_killed_run_are_taken_from_the_cache(prefect_server, tmp_path, reference):
+    """A bundle computed and written but not marked done (a kill in between) is marked done from its
+    receipt, said in the run's stats, not recomputed, and the receipt is dropped."""
     cfg, store = _cfg(), str(tmp_path / "s.zarr")
     path, key = _cache_path(cfg, store)
-    result_cache.save(path, key, experiments.get("nonrobust").run_bundle(cfg.cells(), "auto"))
+    result_cache.save(path, key, _written_by_a_worker(cfg, store))
     stats = run(cfg, store)
     assert (stats["from_cache"], stats["computed"], stats["written"]) == (1, 0, 1)
     assert not os.path.exists(path)
@@ -97,19 +105,22 @@ def test_tampered_cache_never_runs_and_is_recomputed(prefect_server, tmp_path, r
     _same(_values(store), reference)
 
 
-@pytest.mark.parametrize("damage", ["other_key", "extra_variable", "text_value", "truncated"])
+@pytest.mark.parametrize("damage", ["other_key", "extra_variable", "text_value", "not_in_the_store", "truncated"])
 def test_cache_file_that_does_not_match_is_recomputed(prefect_server, tmp_path, reference, damage):
-    """A cache file of another bundle (copied in), with an undeclared variable, a text where a number
-    goes, or cut short: set aside, recomputed; the stored numbers are this run's."""
+    """A receipt of another bundle (copied in), with an undeclared field, a text where a number
+    goes, recording values the store does not hold, or cut short: set aside, recomputed; the
+    stored numbers are this run's."""
     cfg, store = _cfg(), str(tmp_path / "s.zarr")
     path, key = _cache_path(cfg, store)
-    fake = [dict.fromkeys(cfg.exp.variables, 123.0)]
+    fake = [{result_cache.HASH: 123}]
     if damage == "other_key":
         result_cache.save(path, "0" * 32, fake)
     elif damage == "extra_variable":
         result_cache.save(path, key, [dict(fake[0], planted=1.0)])
     elif damage == "text_value":
-        result_cache.save(path, key, [dict(fake[0], c_star="123")])
+        result_cache.save(path, key, [{result_cache.HASH: "123"}])
+    elif damage == "not_in_the_store":  # a receipt left beside a store made anew: its values are not there
+        result_cache.save(path, key, fake)
     else:
         result_cache.save(path, key, fake)
         with open(path, "r+b") as f:
