@@ -20,6 +20,7 @@ BENCHES = {
     "forging_rare_event": ([], ["--quick"]),
     "orchestration_overhead": ([], ["--quick", "--big", "1000"]),
     "wide_step": ([], ["--steps", "3"]),
+    "chain_overhead": ([], ["--quick"]),
 }
 
 

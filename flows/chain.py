@@ -6,7 +6,8 @@ cells; a reading stage's pending cells are grouped by the upstream bundle that c
 upstream cell, and each group is cut into bundles (``flows.bundles``) and submitted, with
 ``wait_for=[that upstream task run]``, right after the flow has stored that upstream bundle: so a
 downstream bundle starts as soon as its inputs are in the store, while other upstream bundles
-still run, and the Prefect UI shows the dependency. Cells whose upstream cell is already stored
+still run, and the Prefect UI shows the dependency. Its bundles carry a higher Dask priority than
+the upstream's queued ones, so a free worker takes them first (results of a chain come early). Cells whose upstream cell is already stored
 (or comes from the result cache) are submitted at once, with no dependency. A reading stage's
 cached bundle that read another version of its upstream cells than the stored one is not used. The downstream
 worker reads its inputs from the store (``storage.nets.load_nets_at``); a cell whose upstream cell
@@ -63,6 +64,7 @@ class _Stage:
         self.cfg, self.store, self.todo, self.done_before = cfg, store, todo, done_before
         self.stats, self.writer = stats, writer
         self.up: _Stage | None = None
+        self.depth = 0  # stages read before this one; a deeper stage's bundles go first on the workers
         self.k = len(cfg.upstream_grid)  # leading index dims that name the upstream cell
         self.pending = {tuple(idx) for idx, _ in todo}  # cells this run computes
         self.waiting: dict[tuple, list] = defaultdict(list)  # pending upstream cell -> this stage's cells
@@ -93,6 +95,7 @@ class Scheduler:
             st = _Stage(cfg, store, todo, done_before, stats, writer)
             if cfg.source:
                 st.up = by_name[cfg.source]
+                st.depth = st.up.depth + 1
                 st.up.readers.append(st)
             by_name[cfg.name] = st
             self.stages.append(st)
@@ -138,7 +141,7 @@ class Scheduler:
             target = {"store": str(self.path), "group": cfg.name, "indices": [list(idx) for idx, _ in b],
                       "force": self.force, "replace_failed": self.retry_failed}
             fn = run_bundle.with_options(retries=cfg.runner["retries"], task_run_name=name)
-            with dask.annotate(**({"resources": resources} if resources else {})):
+            with dask.annotate(priority=st.depth, **({"resources": resources} if resources else {})):
                 fut = fn.submit(cfg.experiment, cells, device, ckpt if cfg.exp.checkpoints else None, cpath, key,
                                 inputs, target, wait_for=wait_for or None)
             self.futures[fut] = (st, b, ckpt, cpath)

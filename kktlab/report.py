@@ -8,13 +8,18 @@ import pathlib
 from typing import Callable
 
 from analysis import acceptance as acc
-from storage.query import groups, load_scalars, open_results, provenance, status
+from storage.query import groups, provenance, stage_scalars, status
 
 # experiment -> module in analysis/ with ``figures(ds, out_dir, prefix) -> [paths]`` (and optionally
 # ``notes(ds) -> [markdown lines]``: seeds per point, cells left out)
-FIGURES = {"nonrobust": "analysis.nonrobust", "forging": "analysis.forging", "forging_sgd": "analysis.forging_sgd"}
+# (a reading stage's group comes with its upstream's per-cell numbers: storage.query.stage_scalars)
+FIGURES = {"nonrobust": "analysis.nonrobust", "universal_attack": "analysis.nonrobust",
+           "forging": "analysis.forging", "forging_sgd": "analysis.forging_sgd"}
 # experiment -> module in analysis/ with ``acceptance(ds) -> [analysis.acceptance.Row]``
-ACCEPTANCE = {"nonrobust": "analysis.acceptance_002", "forging": "analysis.acceptance_000"}
+ACCEPTANCE = {"nonrobust": "analysis.acceptance_002", "universal_attack": "analysis.acceptance_002",
+              "forging": "analysis.acceptance_000"}
+# producing stages whose numbers are drawn with the stages that read them
+DRAWN_BY_READERS = ("train",)
 
 
 def acceptance_rows(ds) -> list[acc.Row]:
@@ -34,7 +39,7 @@ def report(store: str | pathlib.Path, out: str | pathlib.Path,
     lines = [f"# kktlab report for `{store}`", ""]
     done = {r["group"]: r for r in status(store)}
     for g in groups(store):
-        ds = load_scalars(open_results(store, g))
+        ds = stage_scalars(store, g)
         exp = ds.attrs.get("kktlab_experiment", "?")
         prov = provenance(ds)
         lines += [f"## {g} ({exp})", "",
@@ -45,6 +50,9 @@ def report(store: str | pathlib.Path, out: str | pathlib.Path,
             lines += ["### Acceptance", "", acc.markdown(rows), ""]
             echo(f"== {g} ({exp}): acceptance")
             echo(acc.text(rows))
+        if exp in DRAWN_BY_READERS:
+            lines += ["(its nets are drawn with the stages that read them)", ""]
+            continue
         if exp not in FIGURES:
             lines += ["(no figures registered for this experiment)", ""]
             continue

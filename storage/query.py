@@ -58,6 +58,26 @@ def status(path: str | pathlib.Path) -> list[dict]:
     return out
 
 
+def stage_scalars(path: str | pathlib.Path, group: str) -> xr.Dataset:
+    """One number per cell of ``group`` (:func:`load_scalars`), and, for a reading stage, the scalar
+    variables of the stage it read from that it does not hold itself (e.g. a universal_attack group
+    gets its train stage's ``status``, ``iters``, ``log10_loss``), each downstream cell holding the
+    value of the upstream cell it read (broadcast over its own axes), and the upstream's fixed
+    parameters beside its own in the identity (in memory; the store is unchanged). What the report draws."""
+    ds = load_scalars(open_results(path, group))
+    ident = json.loads(ds.attrs.get("kktlab_identity") or "{}")
+    source = ident.get("from")
+    if not source:
+        return ds
+    up = load_scalars(open_results(path, source))
+    skip = set(ds.data_vars) | {schema.DONE, schema.FAILED, schema.CELL_HASH, schema.UPSTREAM_HASH}
+    extra = {v: up[v].broadcast_like(ds[schema.DONE]).transpose(*ds[schema.DONE].dims)
+             for v in up.data_vars if v not in skip}
+    up_params = json.loads(up.attrs.get("kktlab_identity") or "{}").get("params", {})
+    ident["params"] = {**up_params, **ident.get("params", {})}
+    return ds.assign(extra).assign_attrs(kktlab_identity=json.dumps(ident), kktlab_upstream_variables=sorted(extra))
+
+
 def load_scalars(ds: xr.Dataset) -> xr.Dataset:
     """The variables with exactly the grid dims (one number per cell), read into memory at once:
     figures and acceptance tables need only these, and many small lazy reads are slow."""

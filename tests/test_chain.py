@@ -196,3 +196,26 @@ def test_a_cell_whose_upstream_failed_is_failed_not_computed(chained, tmp_path):
     out = compute_reading(exp, cells, "cpu", {"store": str(store), "group": "nets", "indices": [[1, 0], [0, 1]]})
     assert out[0] == {FAILED: "upstream cell (d=24, seed=0) failed: LinAlgError: boom"}
     assert FAILED not in out[1] and np.isfinite(out[1]["c_star"])
+
+
+def test_report_of_the_chained_store_draws_what_nonrobust_draws(chained, tmp_path):
+    """Paper 002 on the chain: ``kktlab report`` draws the same figures and acceptance rows from the
+    chained store (the attack group, with its train stage's numbers) as from nonrobust's store."""
+    import math
+
+    from kktlab.report import acceptance_rows, report
+    from storage.query import stage_scalars
+
+    root, _ = chained
+    chained_paths = report(root / "chain.zarr", tmp_path / "chain")
+    ref_paths = report(root / "ref.zarr", tmp_path / "ref")
+    figs = lambda paths, prefix: sorted(p.name.removeprefix(prefix) for p in paths if p.suffix == ".png")  # noqa: E731
+    assert figs(chained_paths, "robustness_") == figs(ref_paths, "ref_") != []
+    rob = stage_scalars(root / "chain.zarr", "robustness")
+    assert {"status", "iters", "log10_loss"} <= set(rob.data_vars) and rob.status.dims == ("d", "seed", "attack")
+    rows, ref_rows = acceptance_rows(rob), acceptance_rows(stage_scalars(root / "ref.zarr", "ref"))
+    assert [(r.spec_id, r.criterion) for r in rows] == [(r.spec_id, r.criterion) for r in ref_rows]
+    for a, b in zip(rows, ref_rows):
+        assert (a.passed, a.measured) == (b.passed, b.measured), a.criterion
+        assert (math.isnan(a.value) and math.isnan(b.value)) or a.value == pytest.approx(b.value, rel=1e-9)
+    assert "(its nets are drawn with the stages that read them)" in (tmp_path / "chain" / "index.md").read_text()
