@@ -80,7 +80,9 @@ def test_state_round_trip_keeps_separated_and_older_states_are_refused():
 def test_theory_config_follows_E6():
     """m in {d/12, d/6, (d+1)/3} (rounded down) for d in {300, 1000, 3000, 8192}, k in {100, 1000},
     3 seeds, orthogonal data with balanced labels."""
-    cfg = config.load(ROOT / "configs" / "paper-002-theory.yaml")
+    chain = config.load(ROOT / "configs" / "paper-002-theory.yaml")
+    cfg = chain.stage("nets")
+    assert chain.stage("robustness").experiment == "universal_attack" and chain.stage("robustness").source == "nets"
     cells = list(cfg.cells())
     pairs = {(c["d"], c["m"]) for c in cells}
     assert pairs == {(d, m) for d in (300, 1000, 3000, 8192) for m in (d // 12, d // 6, (d + 1) // 3)}
