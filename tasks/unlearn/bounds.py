@@ -41,6 +41,10 @@ def lemma_b3(eps: float, delta: float, gamma: float, lam_max: float) -> tuple[fl
     return eps / (1 - gamma), lam_max * gamma / (1 - gamma) + delta / (1 - gamma)
 
 
+PRECONDITIONS = ("0 < eps1 <= 0.5", "0 < delta1 <= 0.5", "0 < eps1 <= 1.0", "0 < delta1 <= 1.0", "eps_d < 0.1",
+                 "0 < eps_d <= 0.01", "psi <= 0.1", "phi <= eps_d/(4m)", "phi <= eps_d/(4mn)")  # bit i of ``violated``
+
+
 def _pre(eps1, delta1, eps_d, psi, phi, m, n, linear):
     v = []
     top = 0.5 if linear else 1.0

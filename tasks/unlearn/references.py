@@ -42,21 +42,22 @@ def svm_retain(X: torch.Tensor, y: torch.Tensor, valid: torch.Tensor) -> tuple[t
     return w, lam
 
 
-def fixed_net(W_hat: torch.Tensor, u: torch.Tensor, X: torch.Tensor, W: torch.Tensor, lam_l: torch.Tensor,
-              S_l: torch.Tensor, retain: torch.Tensor, eps_d: torch.Tensor, m: int, n: int) -> torch.Tensor:
-    """The proof's corrected net θ̃ of Thm 4.1 (App. C.2, spec K3): W_hat (*B,n,d) unlearned, W (*B,n,d)
-    trained (its activation signs), u (*B,n), X (*B,m,d), lam_l (*B,) multiplier of the forgotten point
-    at the scale of W, S_l (*B,n) its activation pattern, retain (*B,m) bool, eps_d (*B,) -> (*B,n,d).
-    k-point version: the forgotten points' terms are summed by the caller (App. C.3)."""
+def fixed_net(W_hat: torch.Tensor, u: torch.Tensor, X: torch.Tensor, W: torch.Tensor, lam_S: torch.Tensor,
+              retain: torch.Tensor, eps_d: torch.Tensor, m: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+    """The proof's corrected net θ̃ of Thm 4.1 (App. C.2, spec K3), at the scale of W_hat:
+    w̃_j = ŵ_j + |u_j| (Σ_{r∈S_f} λ_r S_rj) Δ_j, Δ_j = c Σ_{k∈retain} sign(⟨x_k, w_j⟩) x_k,
+    c = min(ε_d/(2mn), 0.01) (the k-point version of App. C.3 sums the forgotten points' terms).
+    W_hat (*B,n,d) unlearned, W (*B,n,d) trained (its signs), u (*B,n), X (*B,m,d), lam_S (*B,n)
+    Σ_r λ_r S_rj at the scale of W_hat, retain (*B,m) bool, eps_d, m, n (*B,) -> (*B,n,d)."""
     c = (eps_d / (2 * m * n)).clamp_max(0.01)
     sgn = torch.sign(X @ W.transpose(-1, -2)) * retain.unsqueeze(-1).to(X.dtype)  # (*B,m,n)
     delta = sgn.transpose(-1, -2) @ X  # Δ_j / c, (*B,n,d)
-    coef = (u.abs() * lam_l.unsqueeze(-1) * S_l * c.unsqueeze(-1)).unsqueeze(-1)
+    coef = (u.abs() * lam_S * c.unsqueeze(-1)).unsqueeze(-1)
     return W_hat + coef * delta
 
 
-def forgotten_pattern(W: torch.Tensor, X: torch.Tensor, forget: torch.Tensor, tol: float = TIE_TOL) -> torch.Tensor:
-    """Σ over the forget set of S_rj (the activation pattern of the trained net on the forgotten
-    points), W (E,n,d), X (E,m,d), forget (E,L,m) -> (E,L,n)."""
+def forgotten_pattern(W: torch.Tensor, X: torch.Tensor, weights: torch.Tensor, tol: float = TIE_TOL) -> torch.Tensor:
+    """Σ_r weights_r S_rj over the points (weights: λ_r on the forget set, 0 elsewhere) with the
+    trained net's activation pattern S: W (E,n,d), X (E,m,d), weights (E,L,m) -> (E,L,n)."""
     S = relu_grad(W, X, tol)  # (E,m,n)
-    return (forget.to(W.dtype).unsqueeze(-1) * S.unsqueeze(1)).sum(-2)
+    return (weights.to(W.dtype).unsqueeze(-1) * S.unsqueeze(1)).sum(-2)
