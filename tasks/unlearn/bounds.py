@@ -75,6 +75,8 @@ def bounds(kind: str, m: int, n: int, k: int, eps1: float, delta1: float, eps_d:
     viol = _pre(eps1, delta1, eps_d, psi, phi, m, n, linear)
     if linear:
         den = m / k - eps_d
+        if den <= 0:
+            return Bound(math.inf, math.inf, math.inf, math.nan, math.nan, math.inf, not viol, viol)
         eps = eps1 + eps1 * eps_d / den
         d_stated = delta1 + delta1 * eps_d / den + 7.2 * eps_d / m
         d_proof = delta1 + delta1 * eps_d / den + 7.2 * k * eps_d / m  # Thm B.1's proof (spec T001-2)
@@ -89,9 +91,12 @@ def bounds(kind: str, m: int, n: int, k: int, eps1: float, delta1: float, eps_d:
         d_stated = delta1 + 9 * eps_d * delta1 / (k - 9 * eps_d) + 22.6 * k * eps_d / m
         tau_stated = 82 * k * eps_d / (m - k)
         den = m / k - 9 * eps_d
-    eps = eps1 + 9 * eps_d * eps1 / den + 23 * k * eps_d / math.sqrt(m)
     gamma = 9 * k * eps_d / (m * n)
-    d_proof = delta1 * (1 + 9 * eps_d / den) + (184 * k * eps_d / m + 183.6 * k * eps_d / m) / (1 - gamma)
+    if den <= 0 or gamma >= 1:  # far outside the regime: the proof's algebra gives no bound
+        eps = d_proof = math.inf
+    else:
+        eps = eps1 + 9 * eps_d * eps1 / den + 23 * k * eps_d / math.sqrt(m)
+        d_proof = delta1 * (1 + 9 * eps_d / den) + (184 * k * eps_d / m + 183.6 * k * eps_d / m) / (1 - gamma)
     tau_proof = 2 * 22 * k * eps_d / (math.sqrt(m) * math.sqrt(0.3 * (m - k)))
     return Bound(eps, d_stated, d_proof, tau_stated, tau_proof, eps_stated, not viol, viol)
 

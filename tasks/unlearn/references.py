@@ -36,8 +36,9 @@ def svm_retain(X: torch.Tensor, y: torch.Tensor, valid: torch.Tensor) -> tuple[t
     and not worse), batched. At that λ the margins of the support points are 1 to round-off
     (tests: against quadprog through qpsolvers, and KKT residual of w* <= 1e-10).
     X (*B,m,d), y (*B,m), valid (*B,m) -> (w* (*B,1,d), λ (*B,m))."""
-    K = gram(None, None, X, y, None)
-    lam = nnls_multipliers(K, valid.to(X.dtype).expand_as(y).clone(), valid)
+    shape = torch.broadcast_shapes(X.shape[:-1], y.shape, valid.shape)
+    K = gram(None, None, X, y, None).expand(*shape, shape[-1])
+    lam = nnls_multipliers(K, valid.to(X.dtype).expand(shape).clone(), valid.expand(shape))
     w = ((lam * y).unsqueeze(-1) * X).sum(-2, keepdim=True)
     return w, lam
 
