@@ -58,7 +58,7 @@ def _pre(eps1, delta1, eps_d, psi, phi, m, n, linear):
         v.append("0 < eps_d <= 0.01")
     if not psi <= 0.1:
         v.append("psi <= 0.1")
-    if not phi <= eps_d / (4 * m * (1 if linear else n)):
+    if not phi <= eps_d / (4 * m * (1 if linear else n)) * (1 + 1e-12):  # ε_d = 4mnφ̂ is admissible
         v.append("phi <= eps_d/(4m)" if linear else "phi <= eps_d/(4mn)")
     return tuple(v)
 
