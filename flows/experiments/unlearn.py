@@ -101,6 +101,12 @@ V = {
 }
 
 
+# train_kkt grid axes that set an unlearn parameter: a coordinate of the upstream cell wins over
+# the stage's own value (e.g. F001-6 sweeps mu_a in the train stage)
+FROM_UPSTREAM = {"mu_a": "mu_a", "mu_scaling": "mu_scaling", "init_scale": "init_scale", "lr": "retrain_lr",
+                 "wd": "retrain_wd", "epochs": "retrain_epochs", "loss": "loss", "model": "model"}
+
+
 def bundle_key(cell: dict) -> tuple:
     """Everything but α: one bundle measures the whole α sweep of its nets in one call."""
     return tuple(sorted((k, v) for k, v in cell.items() if k != "alpha"))
@@ -111,6 +117,8 @@ def run_bundle(cells: list[dict], device: str = "auto", inputs=None) -> list[dic
     t0 = time.perf_counter()
     n = inputs
     keys = [repr(sorted(c.items())) for c in n.cells]
+    cells = [dict(c, **{mine: up[theirs] for theirs, mine in FROM_UPSTREAM.items() if theirs in up})
+             for c, up in zip(cells, n.cells)]
     out = cell_fn.unlearn(n.W, n.v, n.X, n.y, n.mask, n.d, n.m, n.width, n.rng_state, keys, cells)
     for res in out:
         res["wall_s"] = (time.perf_counter() - t0) / len(cells)

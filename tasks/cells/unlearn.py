@@ -69,16 +69,16 @@ def forget_sets(c: dict, m: torch.Tensor, keys: list[str]) -> tuple[torch.Tensor
     return F & ok.unsqueeze(-1), anchors, ok
 
 
-def _test_acc(W, u, W_hat, rng, d, c, linear):
+def _test_acc(W, u, W_hat, rng, d, cs, linear):
     """Thm 6.1 / P001-10: accuracy on fresh D_MG points and Lemma D.7's sign-identity fraction,
-    before (E,) and after (E,L,A)."""
-    E, T = W.shape[0], c["test_points"]
+    before (E,) and after (E,L,A); ``cs`` one cell per net (its mu_a, mu_scaling)."""
+    E, T = W.shape[0], cs[0]["test_points"]
     Xt = torch.zeros(E, T, W.shape[-1], dtype=W.dtype)
     yt = torch.zeros(E, T, dtype=W.dtype)
     for e in range(E):
         g = torch.Generator()
         g.set_state(rng[e, RNG_BYTES:2 * RNG_BYTES].to(torch.uint8).clone())
-        mu = mixture.mixture_mean(int(d[e]), c["mu_a"], c["mu_scaling"], g)
+        mu = mixture.mixture_mean(int(d[e]), cs[e]["mu_a"], cs[e]["mu_scaling"], g)
         Xt[e, :, : int(d[e])], yt[e] = mixture.mixture_points(T, mu, g, balanced_retry=False)
     uu = None if linear else u
     acc0 = ((yt * outputs(W, uu, Xt)) > 0).double().mean(-1)
@@ -105,6 +105,10 @@ def unlearn(W, v, X, y, mask, d, m, width, rng, keys: list[str], cells: list[dic
     upstream cell. Returns one dict per cell."""
     c0 = cells[0]
     linear, tol, method = c0["model"] == "linear", c0["tie_tol"], c0["method"]
+    for f in ("model", "loss", "init_scale", "retrain_lr", "retrain_wd", "retrain_epochs"):
+        if len({c[f] for c in cells}) > 1:  # set per upstream cell (flows FROM_UPSTREAM): one per bundle here
+            raise ValueError(f"{f}: the nets of one bundle were trained with different values "
+                             f"{sorted({c[f] for c in cells})}; give the unlearn stage one value per run")
     uniq = list(dict.fromkeys(keys))
     pick = torch.tensor([keys.index(k) for k in uniq])
     W, v, X, y, mask = (t[pick].double() if t.is_floating_point() else t[pick] for t in (W, v, X, y, mask))
@@ -169,7 +173,8 @@ def unlearn(W, v, X, y, mask, d, m, width, rng, keys: list[str], cells: list[dic
     acc_before = cnt(q0[:, None] > 0, retain.double())  # (E,L)
     acc_after = cnt(q1 > 0, rv.double())
     forgot_after = cnt(q1 > 0, F[:, :, None].double())
-    test = _test_acc(W, v, W_hat, rng, d, c0, linear) if c0["test_points"] > 0 else None
+    per_net = [cells[keys.index(k)] for k in uniq]
+    test = _test_acc(W, v, W_hat, rng, d, per_net, linear) if c0["test_points"] > 0 else None
     logb = log_beta(lam_raw.clamp_min(1e-300), q0, c0["loss"])  # (E,M)
     out = []
     for i, c in enumerate(cells):
