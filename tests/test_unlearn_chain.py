@@ -25,7 +25,7 @@ CLI_STAGES = ("nets", "sweep", "nets_linear", "linear")  # k-GA and D_MG run bel
 
 
 @pytest.fixture(scope="module")
-def store(prefect_server, cli, tmp_path_factory):
+def store_path(prefect_server, cli, tmp_path_factory):
     import yaml
 
     root = tmp_path_factory.mktemp("unlearn")
@@ -34,9 +34,14 @@ def store(prefect_server, cli, tmp_path_factory):
     (root / "q.yaml").write_text(yaml.safe_dump(raw))
     res = cli.run("run", root / "q.yaml", "--store", root / "q.zarr", timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
+    return root / "q.zarr"
+
+
+@pytest.fixture(scope="module")
+def store(store_path):
     from storage.query import open_results
 
-    return open_results(root / "q.zarr")
+    return open_results(store_path)
 
 
 def ga(v):
@@ -81,6 +86,22 @@ def test_P001_6_P001_7_linear_ga_towards_the_retained_svm(store):
     assert float(tau.sel(alpha=1.0, d=1000).mean()) < float(tau.sel(alpha=1.0, d=200).mean())  # rate in d
     # GA removes the forgotten term: ε(1) is ε_1-sized (1e-6 here), ε(0) is O(1) (P001-5, linear)
     assert bool((lin.eps.sel(alpha=1.0) < 1e-3 * lin.eps.sel(alpha=0.0)).all())
+
+
+@pytest.mark.slow
+def test_report_draws_F001_figures_and_acceptance_rows(store_path, tmp_path):
+    from kktlab.report import acceptance_rows, report
+    from storage.query import load_scalars, open_results
+
+    paths = report(store_path, tmp_path)
+    names = {p.name for p in paths}
+    assert {"sweep_F001-1_eps.png", "sweep_F001-1_delta.png", "sweep_F001-1_eps_rel.png", "sweep_F001-1_bound.png",
+            "linear_F001-3_cos_svm.png"} <= names
+    rows = {r.spec_id: r for r in acceptance_rows(load_scalars(open_results(store_path, "sweep")))}
+    assert rows["P001-4"].passed and 0.8 <= rows["P001-4"].value <= 1.2
+    lin = {r.spec_id: r for r in acceptance_rows(load_scalars(open_results(store_path, "linear")))}
+    assert lin["P001-7"].passed and lin["P001-7"].value < 10 and lin["P001-10"].passed is None
+    assert "theorems' preconditions met in 0/" in (tmp_path / "index.md").read_text()  # Gaussian data: outside
 
 
 def _direct(train: dict, unlearn_cells: list[dict]):
