@@ -222,3 +222,20 @@ def test_not_interpolating_net_is_infeasible_not_a_crash():
     W, v, X, y, *rest = _nets()
     out = unlearn(W, v, X, y, *rest, ["a", "b"], [_cell(), _cell()])  # random W: some margins <= 0
     assert {o["feasible1"] for o in out} == {0} and all(math.isinf(o["eps1"]) for o in out)
+
+
+def test_alpha_chunks_and_bundle_mates_do_not_change_the_numbers(monkeypatch):
+    """The α sweep measured in memory-sized chunks equals one chunk, and a net's numbers do not
+    depend on the other nets of its bundle."""
+    from tasks.cells import unlearn as cell
+
+    train = dict(d=60, m=8, width=16, epochs=300, lr=1.0)
+    cells = [dict(forget=-2, seed=s, alpha=a) for s in range(2) for a in (0.0, 0.5, 1.0, 1.5)]
+    whole = _direct(train, cells)
+    monkeypatch.setattr(cell, "ALPHA_CHUNK", 1)
+    chunked = _direct(train, cells)
+    alone = _direct(train, cells[4:])
+    for a, b in zip(whole, chunked):
+        assert a["eps"] == pytest.approx(b["eps"], rel=1e-12) and a["tau_fixed"] == pytest.approx(b["tau_fixed"], rel=1e-9)
+    for a, b in zip(whole[4:], alone):
+        assert a["eps_mean"] == pytest.approx(b["eps_mean"], rel=1e-12)

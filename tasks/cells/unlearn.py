@@ -26,6 +26,7 @@ from tasks.unlearn import bounds as bnd
 from tasks.unlearn import references as ref
 
 TEST_CHUNK = 2e7  # elements of one (nets, sets, α, test points, neurons) block
+ALPHA_CHUNK = 3e7  # elements of the unlearned nets of one chunk of α values (~240 MB float64)
 
 
 def _check_nets(v: torch.Tensor, width: torch.Tensor, linear: bool) -> None:
@@ -134,47 +135,57 @@ def unlearn(W, v, X, y, mask, d, m, width, rng, keys: list[str], cells: list[dic
                   valid=mask)
         W_rt = METHODS["retrain"](W, u, X, y, lam_raw, F, alphas[:1], **rt)  # (E,L,1,n,d)
         kw.update(rt)
-    W_hat = W_rt.expand(E, L, A, *W.shape[1:]) if method == "retrain" else METHODS[method](
-        W, u, X, y, lam_raw, F, alphas, **kw)
     ub = None if linear else u[:, None, None]
     Xb, yb = X[:, None, None], y[:, None, None]
     retain = (mask[:, None] & ~F)  # (E,L,M)
     rv = retain[:, :, None]
-    after = kkt_measure(W_hat, ub, Xb, yb, rv, "nnls", tol=tol)
-    inher = kkt_measure(W_hat, ub, Xb, yb, rv, "inherited", lam_inherit=r1.lam[:, None, None],
-                        c_inherit=r1.c[:, None, None], tol=tol)
-    dyn = kkt_measure(W_hat, ub, Xb, yb, rv, "dynamics", loss=c0["loss"], tol=tol)
-    # references (K3)
     n_true = torch.ones(E, dtype=torch.float64) if linear else width.double()
     stats = bnd.data_stats(X, mask, 1)
     eps_d = 4 * m.double() * stats["phi"] * (1 if linear else n_true)
-    nan = torch.full((E, L, A), math.nan, dtype=torch.float64)
-    tau_fixed = eps_fixed = delta_fixed = tau_rt = eps_rt = delta_rt = cos_svm = tau_svm = nan
-    if not linear:
-        lam_S = ref.forgotten_pattern(W, X, F * r1.lam[:, None], tol)  # (E,L,n), rescaled scale
-        Wf = ref.fixed_net(W_hat * after.c[..., None, None], u[:, None, None], Xb, W[:, None, None],
-                           lam_S[:, :, None], rv, eps_d[:, None, None], m[:, None, None].double(),
-                           n_true[:, None, None])
-        tau_fixed = ref.tau(W_hat, Wf)
-        rf = kkt_measure(Wf, ub, Xb, yb, rv, "nnls", tol=tol)
-        eps_fixed, delta_fixed = rf.eps, rf.delta
-    if method == "retrain" or c0["ref_retrain"]:
-        tau_rt = ref.tau(W_hat, W_rt)
-        rr = kkt_measure(W_rt, ub, Xb, yb, rv, "nnls", tol=tol)
-        eps_rt, delta_rt = rr.eps.expand(E, L, A), rr.delta.expand(E, L, A)
-    if linear:
-        w_star, _ = ref.svm_retain(X[:, None], y[:, None], retain)
-        cos_svm = ref.cossim(W_hat, w_star[:, :, None])
-        tau_svm = 1 - cos_svm
-    # accuracies
     q0 = y * outputs(W, u, X)
-    q1 = yb * outputs(W_hat, ub, Xb)  # (E,L,A,M)
     cnt = lambda ok_, w: (ok_.double() * w).sum(-1) / w.sum(-1).clamp_min(1)  # noqa: E731
     acc_before = cnt(q0[:, None] > 0, retain.double())  # (E,L)
-    acc_after = cnt(q1 > 0, rv.double())
-    forgot_after = cnt(q1 > 0, F[:, :, None].double())
     per_net = [cells[keys.index(k)] for k in uniq]
-    test = _test_acc(W, v, W_hat, rng, d, per_net, linear) if c0["test_points"] > 0 else None
+    w_star = ref.svm_retain(X[:, None], y[:, None], retain)[0] if linear else None
+    lam_S = None if linear else ref.forgotten_pattern(W, X, F * r1.lam[:, None], tol)  # (E,L,n), rescaled
+
+    def chunk(al: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Every α-dependent number for the α values ``al``, (E,L,a) each."""
+        a = al.shape[0]
+        W_hat = W_rt.expand(E, L, a, *W.shape[1:]) if method == "retrain" else METHODS[method](
+            W, u, X, y, lam_raw, F, al, **kw)
+        after = kkt_measure(W_hat, ub, Xb, yb, rv, "nnls", tol=tol)
+        inher = kkt_measure(W_hat, ub, Xb, yb, rv, "inherited", lam_inherit=r1.lam[:, None, None],
+                            c_inherit=r1.c[:, None, None], tol=tol)
+        dyn = kkt_measure(W_hat, ub, Xb, yb, rv, "dynamics", loss=c0["loss"], tol=tol)
+        nan = torch.full((E, L, a), math.nan, dtype=torch.float64)
+        out = {"eps": after.eps, "delta": after.delta, "eps_rel": after.eps_rel, "feasible": after.feasible,
+               "n_support": after.n_support.double(), "eps_inherited": inher.eps, "delta_inherited": inher.delta,
+               "eps_dynamics": dyn.eps, **{k: nan for k in ("tau_fixed", "eps_fixed", "delta_fixed", "tau_rt",
+                                                             "eps_rt", "delta_rt", "cos_svm", "tau_svm")}}
+        if not linear:  # the proof's fixed net (K3), built on the rescaled θ̂
+            Wf = ref.fixed_net(W_hat * after.c[..., None, None], u[:, None, None], Xb, W[:, None, None],
+                               lam_S[:, :, None], rv, eps_d[:, None, None], m[:, None, None].double(),
+                               n_true[:, None, None])
+            rf = kkt_measure(Wf, ub, Xb, yb, rv, "nnls", tol=tol)
+            out.update(tau_fixed=ref.tau(W_hat, Wf), eps_fixed=rf.eps, delta_fixed=rf.delta)
+        if method == "retrain" or c0["ref_retrain"]:
+            rr = kkt_measure(W_rt, ub, Xb, yb, rv, "nnls", tol=tol)
+            out.update(tau_rt=ref.tau(W_hat, W_rt), eps_rt=rr.eps.expand(E, L, a), delta_rt=rr.delta.expand(E, L, a))
+        if linear:
+            out["cos_svm"] = ref.cossim(W_hat, w_star[:, :, None])
+            out["tau_svm"] = 1 - out["cos_svm"]
+        q1 = yb * outputs(W_hat, ub, Xb)  # (E,L,a,M)
+        out["acc_after"], out["forgot_after"] = cnt(q1 > 0, rv.double()), cnt(q1 > 0, F[:, :, None].double())
+        if c0["test_points"] > 0:
+            out["acc0"], out["acc1"], out["sig0"], out["sig1"] = _test_acc(W, v, W_hat, rng, d, per_net, linear)
+        return out
+
+    size = E * L * (W.shape[1] + X.shape[1]) * W.shape[2]  # elements of one α's nets (and gradients)
+    step = max(1, int(ALPHA_CHUNK // max(1, size)))
+    parts = [chunk(alphas[i:i + step]) for i in range(0, A, step)]  # chunks of α (memory), not of nets
+    T = {k: torch.cat([p[k] for p in parts], 2) if parts[0][k].dim() == 3 else parts[0][k] for k in parts[0]}
+    test = (T["acc0"], T["acc1"], T["sig0"], T["sig1"]) if c0["test_points"] > 0 else None
     logb = log_beta(lam_raw.clamp_min(1e-300), q0, c0["loss"])  # (E,M)
     out = []
     for i, c in enumerate(cells):
@@ -192,25 +203,26 @@ def unlearn(W, v, X, y, mask, d, m, width, rng, keys: list[str], cells: list[dic
                                     X[e, :me].pow(2).sum(-1), ne, eps1, delta1, float(eps_d[e]))
         anc = anchors[e, okL]
         eps_l = torch.full((int(m.max()),), math.nan, dtype=torch.float64)
-        eps_l[anc] = after.eps[e, okL, a]
+        eps_l[anc] = T["eps"][e, okL, a]
         res = {
             "m_used": me, "width_used": ne, "n_forget_sets": int(okL.sum()),
-            "feasible": int(bool(after.feasible[e, okL, a].all())),
-            "eps": mx(after.eps), "delta": mx(after.delta), "eps_rel": mx(after.eps_rel),
-            "eps_mean": mean(after.eps), "delta_mean": mean(after.delta), "eps_rel_mean": mean(after.eps_rel),
-            "eps_inherited": mx(inher.eps), "delta_inherited": mx(inher.delta), "eps_dynamics": mx(dyn.eps),
+            "feasible": int(bool(T["feasible"][e, okL, a].all())),
+            "eps": mx(T["eps"]), "delta": mx(T["delta"]), "eps_rel": mx(T["eps_rel"]),
+            "eps_mean": mean(T["eps"]), "delta_mean": mean(T["delta"]), "eps_rel_mean": mean(T["eps_rel"]),
+            "eps_inherited": mx(T["eps_inherited"]), "delta_inherited": mx(T["delta_inherited"]),
+            "eps_dynamics": mx(T["eps_dynamics"]),
             "eps1": eps1, "delta1": delta1, "eps1_rel": float(r1.eps_rel[e]), "feasible1": int(r1.feasible[e]),
             "q_min1": float(r1.q_min[e]),
             "lam_l": float(lam_e[anc].mean()) if me else math.nan,
             "q_l": float(q0[e, anc].mean()), "log_beta_l": float(logb[e, anc].mean()),
             "lam_min": float(lam_e.min()), "lam_max": float(lam_e.max()),
-            "n_support": int(r1.n_support[e]), "n_support_after": mean(after.n_support.double()),
+            "n_support": int(r1.n_support[e]), "n_support_after": mean(T["n_support"]),
             "act_mass_min": float(act_mass.min()), "act_mass_max": float(act_mass.max()),
-            "tau_fixed": mx(tau_fixed), "eps_fixed": mx(eps_fixed), "delta_fixed": mx(delta_fixed),
-            "tau_retrain": mx(tau_rt), "eps_retrain": mx(eps_rt), "delta_retrain": mx(delta_rt),
-            "cos_svm": float(cos_svm[e, okL, a].min()), "tau_svm": mx(tau_svm),
-            "train_acc_before": mean(acc_before), "train_acc_after": mean(acc_after),
-            "forget_acc_after": mean(forgot_after),
+            "tau_fixed": mx(T["tau_fixed"]), "eps_fixed": mx(T["eps_fixed"]), "delta_fixed": mx(T["delta_fixed"]),
+            "tau_retrain": mx(T["tau_rt"]), "eps_retrain": mx(T["eps_rt"]), "delta_retrain": mx(T["delta_rt"]),
+            "cos_svm": float(T["cos_svm"][e, okL, a].min()), "tau_svm": mx(T["tau_svm"]),
+            "train_acc_before": mean(acc_before), "train_acc_after": mean(T["acc_after"]),
+            "forget_acc_after": mean(T["forgot_after"]),
             "test_acc_before": float(test[0][e]) if test else math.nan,
             "test_acc_after": mean(test[1]) if test else math.nan,
             "sign_id_before": float(test[2][e]) if test else math.nan,
