@@ -78,12 +78,33 @@ def _bound_panel(ds, path) -> pathlib.Path | None:
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
     for (label, x, mean, std, n, total), b in zip(cs, bs):
         (line,) = ax.plot(x, mean, marker="o", ms=3, label=f"measured ε, {label}")
-        if np.isfinite(b[2]).any():
-            ax.plot(b[1], b[2], ls="--", color=line.get_color(), label=f"bound ε, {status}")
+        at1 = np.isclose(b[1], 1.0)
+        if at1.any() and np.isfinite(b[2][at1]).any():  # the theorems bound the GA step (α = 1) only
+            ax.plot(b[1][at1], b[2][at1], ls="none", marker="*", ms=10, color=line.get_color(),
+                    label=f"bound ε at α = 1, {label}")
     ax.set_yscale("log")
     ax.set_xlabel("α")
     ax.set_ylabel("ε (max over forgotten l)")
     return finish(fig, ax, path, f"F001-1: measured ε vs Thm 4.1/3.1 bound\n{status}", fontsize=8)
+
+
+def _rate_panel(ds, path) -> pathlib.Path | None:
+    """F001-3: 1 − cossim(ŵ(1), w*) vs d, mean over nets and l, beside the Thm 3.1 rate
+    √ε_d + √ε_1 + √δ_1 times the fitted C (the median ratio; the theorem leaves C unspecified)."""
+    if "d" not in ds.dims or "alpha" not in ds.dims or 1.0 not in ds.alpha.values or \
+            not bool(np.isfinite(ds["tau_svm"]).any()):
+        return None
+    keep = _keep(ds).sel(alpha=1.0)
+    tau = ds["tau_svm"].sel(alpha=1.0).where(keep)
+    rate = (np.sqrt(ds["eps_d"]) + np.sqrt(ds["eps1"]) + np.sqrt(ds["delta1"])).sel(alpha=1.0).where(keep)
+    C = float((tau / rate).median())
+    other = [x for x in tau.dims if x != "d"]
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    ax.loglog(ds.d.values, tau.mean(other).values, marker="o", label="measured 1 − cos(ŵ(1), w*)")
+    ax.loglog(ds.d.values, C * rate.mean(other).values, ls="--", label=f"C·(√ε_d + √ε_1 + √δ_1), C = {C:.2g}")
+    ax.set_xlabel("d")
+    ax.set_ylabel("1 − cossim to the retained SVM")
+    return finish(fig, ax, path, "F001-3 / P001-7: linear GA vs the retained SVM, rate in d")
 
 
 def figures(ds: xr.Dataset, out_dir, prefix: str = "") -> list[pathlib.Path]:
@@ -98,6 +119,7 @@ def figures(ds: xr.Dataset, out_dir, prefix: str = "") -> list[pathlib.Path]:
     if "cos_svm" in ds and bool(np.isfinite(ds["cos_svm"]).any()):
         paths.append(_panel(ds, "cos_svm", "cossim(ŵ(α), w*)", out / f"{prefix}F001-3_cos_svm.png",
                             "F001-3: cosine to the retained SVM (linear)"))
+        paths.append(_rate_panel(ds, out / f"{prefix}F001-3_rate.png"))
     if "tau_retrain" in ds and bool(np.isfinite(ds["tau_retrain"]).any()):
         paths.append(_panel(ds, "tau_retrain", "1 − cossim(θ̂(α), θ_retrain)", out / f"{prefix}F001-5_retrain.png",
                             "F001-5: distance to the retrained net"))

@@ -247,3 +247,13 @@ def test_ga_refuses_k_above_one(fix_o):
     F[0, 0, :2] = True
     with pytest.raises(ValueError, match="^k: "):
         METHODS["ga"](W, u, X, y, torch.ones(1, M), F, ALPHAS)
+
+
+@pytest.mark.parametrize("eps_d", [1e-3, 1e-2], ids=["eps_d=1e-3", "eps_d=1e-2"])
+def test_P001_5_ga_does_not_inflate_eps_on_fixture_o_like_data(eps_d):
+    W, u, X, y = _near_orthogonal(eps_d, M, N, D)
+    r = kkt_measure(W, u, X, y)
+    F = torch.eye(M, dtype=torch.bool)[None]
+    W_hat = METHODS["ga"](W, u, X, y, r.lam / r.c[:, None], F, torch.tensor([1.0], dtype=torch.float64))
+    after = kkt_measure(W_hat, u[:, None, None], X[:, None, None], y[:, None, None], ~F[:, :, None])
+    assert float(after.eps.max()) <= 1.01 * float(r.eps) + 1e-8

@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import time
 
+import torch
+
 from core.errors import ConfigError
 from flows.experiments import Experiment, Param, Var, register
+from flows.experiments import nonrobust
 from flows.experiments import train as train_exp
 from tasks.cells import train_kkt as cell_fn
 from tasks.data.mixture import SCALINGS
@@ -77,8 +80,12 @@ def memory(cell: dict) -> float:
 
 
 def run_bundle(cells: list[dict], device: str = "auto") -> list[dict]:
+    """Train on ``device`` (auto: CUDA when visible; TF32 off), store float64 CPU nets."""
     t0 = time.perf_counter()
-    out = cell_fn.train_cells(cells)
+    dev = nonrobust.resolve_device(device)
+    if dev.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False
+    out = cell_fn.train_cells(cells, dev)
     for res in out:
         res["wall_s"] = (time.perf_counter() - t0) / len(cells)
     return out

@@ -67,13 +67,16 @@ def build(cells: list[dict]):
     return W0, u, X, y, mask, states
 
 
-def train_cells(cells: list[dict]) -> list[dict]:
-    """Train the bundle (one schedule per bundle) and pack each cell at its true sizes."""
+def train_cells(cells: list[dict], device: torch.device | str = "cpu") -> list[dict]:
+    """Train the bundle (one schedule per bundle) on ``device`` in float64 and pack each cell at its
+    true sizes (CPU tensors)."""
     c0 = cells[0]
     linear = c0["model"] == "linear"
     W0, u, X, y, mask, states = build(cells)
-    run = train_fixed_output(W0, None if linear else u, X, y, mask, lr=c0["lr"], wd=c0["wd"],
+    dv = lambda t: t.to(device)  # noqa: E731
+    run = train_fixed_output(dv(W0), None if linear else dv(u), dv(X), dv(y), dv(mask), lr=c0["lr"], wd=c0["wd"],
                              epochs=c0["epochs"], loss=c0["loss"])
+    run.W, run.q_min, run.log_loss = run.W.cpu(), run.q_min.cpu(), run.log_loss.cpu()
     q = y * (X @ run.W.transpose(-1, -2))[..., 0] if linear else y * (torch.relu(X @ run.W.transpose(-1, -2))
                                                                          * u.unsqueeze(1)).sum(-1)
     out = []
@@ -85,7 +88,7 @@ def train_cells(cells: list[dict]) -> list[dict]:
             "m_used": m, "d_used": d, "width_used": n, "nets_stored": int(keep),
             "train_acc": float((q[e, :m] > 0).double().mean()),
             "log10_loss": float(run.log_loss[e]) / math.log(10), "q_min": float(run.q_min[e]),
-            "first_below": int(run.first_below[e]),
+            "first_below": int(run.first_below[e].cpu()),
             "mu_norm": mixture.mu_norm(d, c["mu_a"], c["mu_scaling"]) if c["data"] == "d_mg" else math.nan,
             "W": cut(run.W[e, :n, :d]), "b": cut(torch.zeros(n, dtype=torch.float64)), "v": cut(u[e, :n]),
             "X": cut(X[e, :m, :d]), "y": cut(y[e, :m]), "batch_rng_state": states[e].numpy(),

@@ -48,7 +48,7 @@ def train_fixed_output(W0: torch.Tensor, u: torch.Tensor | None, X: torch.Tensor
     (E,m). Padded samples and zero-padded features/neurons stay exact zeros of the gradient."""
     W = W0.clone()
     n_pts = mask.sum(-1).clamp_min(1).to(W.dtype)
-    first = torch.full((W.shape[0],), -1, dtype=torch.int64)
+    first = torch.full((W.shape[0],), -1, dtype=torch.int64, device=W.device)
     for t in range(epochs):
         q, Z = _margins(W, u, X, y)
         log_dl = log_loss_terms(q, loss)[1]
