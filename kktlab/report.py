@@ -14,12 +14,12 @@ from storage.query import groups, provenance, stage_scalars, status
 # ``notes(ds) -> [markdown lines]``: seeds per point, cells left out)
 # (a reading stage's group comes with its upstream's per-cell numbers: storage.query.stage_scalars)
 FIGURES = {"nonrobust": "analysis.nonrobust", "universal_attack": "analysis.nonrobust",
-           "forging": "analysis.forging", "forging_sgd": "analysis.forging_sgd"}
+           "forging": "analysis.forging", "forging_sgd": "analysis.forging_sgd", "unlearn": "analysis.unlearn"}
 # experiment -> module in analysis/ with ``acceptance(ds) -> [analysis.acceptance.Row]``
 ACCEPTANCE = {"nonrobust": "analysis.acceptance_002", "universal_attack": "analysis.acceptance_002",
-              "forging": "analysis.acceptance_000"}
+              "forging": "analysis.acceptance_000", "unlearn": "analysis.acceptance_001"}
 # producing stages whose numbers are drawn with the stages that read them
-DRAWN_BY_READERS = ("train",)
+DRAWN_BY_READERS = ("train", "train_kkt")
 
 
 def acceptance_rows(ds) -> list[acc.Row]:

@@ -110,7 +110,7 @@ def summary_frame(ds: xr.Dataset, over: str = "seed", variables: tuple = (), ok:
                and np.dtype(ds[v].dtype).kind in "fiub" and (not variables or v in variables)]
     mask = usable(ds, ok).load()
     sub = ds[scalars].where(mask).load()
-    sub["done_frac"] = ds[schema.DONE].astype(float)
+    sub["done_frac"] = ds[schema.DONE].astype(float).load()  # eager: a seed-only grid averages to 0-d (to_pandas)
     sub["n_used"] = mask.astype(int)
     for v in scalars:
         inf = np.isinf(sub[v]) if sub[v].dtype.kind == "f" else None

@@ -57,7 +57,16 @@ def orthogonal(m: int, d: int, g: torch.Generator) -> torch.Tensor:
     return math.sqrt(d) * Q[:m]
 
 
-DISTRIBUTIONS = {"sphere": sphere, "gauss": gauss, "gauss_scaled": gauss_scaled, "orthogonal": orthogonal}
+def orthonormal(m: int, d: int, g: torch.Generator) -> torch.Tensor:
+    """Rows of a random orthonormal m × d matrix, ‖x_i‖ = 1 (paper 001 fixture O, F001-2: ψ = φ = 0)."""
+    if m > d:
+        raise ValueError(f"orthonormal data needs m <= d, got m={m}, d={d}")
+    Q, R = torch.linalg.qr(torch.randn(d, m, generator=g, dtype=torch.float64))
+    return (Q * torch.sign(torch.diagonal(R))).T.contiguous()
+
+
+DISTRIBUTIONS = {"sphere": sphere, "gauss": gauss, "gauss_scaled": gauss_scaled, "orthogonal": orthogonal,
+                 "orthonormal": orthonormal}
 
 
 def labels(m: int, g: torch.Generator, *, balanced: bool = False) -> torch.Tensor:

@@ -1,0 +1,96 @@
+"""Spec 001 §6 acceptance rows judged on an ``unlearn`` store: P001-4 (Figure 1's shape), P001-7
+(linear rate, Thm 3.1 part 2, fitted C), P001-10 (D_MG test accuracy after unlearning). Means are
+over the nets (seed dim) of usable, feasible cells; criteria without data say so."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import xarray as xr
+
+from analysis.acceptance import Row, skipped
+from analysis.unlearn import _keep
+from storage.query import fixed_params
+
+P4 = "argmin of the mean ε(α) in [0.8, 1.2]; ε(1) < ε(0) and ε(1) < ε(1.5) for >= 80 % of nets"
+P7 = "1 − cos(ŵ(1), w*) decreases with d; C = (1 − cos)/(√ε_d + √ε_1 + √δ_1) <= 10"
+P10 = "test acc of θ̂(1) >= test acc of θ − 0.02 (a = 0.1, d >= 2000, mean over seeds)"
+
+
+def _param(ds, name, default=None):
+    return fixed_params(ds).get(name, default)
+
+
+def _ga_lines(ds):
+    """Combinations of the non-alpha, non-seed dims where the method is GA-like with k = 1."""
+    others = [d for d in ds.dims if d not in ("alpha", "seed")]
+    for combo in itertools.product(*(list(ds[d].values) for d in others)):
+        sel = dict(zip(others, combo))
+        method, k = sel.get("method", _param(ds, "method", "ga")), sel.get("k", _param(ds, "k", 1))
+        if method in ("ga", "k_ga") and int(k) == 1:
+            yield sel
+
+
+def p001_4(ds: xr.Dataset) -> list[Row]:
+    if "alpha" not in ds.dims or not {0.0, 1.0, 1.5} <= set(np.round(ds.alpha.values, 12)) or \
+            _param(ds, "model", "two_layer") == "linear" or "model" in ds.dims:
+        return [skipped("P001-4", "Fig. 1 shape", P4, "needs a two-layer alpha sweep with 0, 1 and 1.5")]
+    rows = []
+    for sel in _ga_lines(ds):
+        e = ds["eps_mean"].where(_keep(ds)).sel(sel) if sel else ds["eps_mean"].where(_keep(ds))
+        if "seed" not in e.dims:
+            e = e.expand_dims("seed")
+        mean = e.mean("seed")
+        if not np.isfinite(mean).any():
+            continue
+        a_star = float(mean.idxmin("alpha"))
+        f0 = float((e.sel(alpha=1.0) < e.sel(alpha=0.0)).mean())
+        f15 = float((e.sel(alpha=1.0) < e.sel(alpha=1.5)).mean())
+        ok = 0.8 <= a_star <= 1.2 and f0 >= 0.8 and f15 >= 0.8
+        label = ", ".join(f"{k}={v}" for k, v in sel.items())
+        rows.append(Row(f"Fig. 1 shape ({label})" if label else "Fig. 1 shape", "P001-4",
+                        f"α*={a_star:.2f}, ε(1)<ε(0) {f0:.0%}, ε(1)<ε(1.5) {f15:.0%}, n={e.sizes['seed']}", P4, ok,
+                        "ε averaged over the forgotten l (forget=-2) or the one l per net", a_star))
+    return rows or [skipped("P001-4", "Fig. 1 shape", P4, "no GA cells with k = 1")]
+
+
+def p001_7(ds: xr.Dataset) -> list[Row]:
+    if "tau_svm" not in ds or not bool(np.isfinite(ds["tau_svm"]).any()) or "d" not in ds.dims or \
+            "alpha" not in ds.dims or 1.0 not in ds.alpha.values:
+        return [skipped("P001-7", "linear rate in d", P7, "needs linear cells over several d with α = 1")]
+    keep = _keep(ds).sel(alpha=1.0)
+    tau = ds["tau_svm"].sel(alpha=1.0).where(keep)
+    rate = (np.sqrt(ds["eps_d"]) + np.sqrt(ds["eps1"]) + np.sqrt(ds["delta1"])).sel(alpha=1.0).where(keep)
+    by_d = tau.mean([d for d in tau.dims if d != "d"])
+    decreasing = bool((np.diff(by_d.values) <= 0).all())
+    C = float((tau / rate).median())
+    return [Row("1 − cos to retained SVM vs d (linear)", "P001-7",
+                "by d: " + ", ".join(f"{int(d)}: {v:.2g}" for d, v in zip(by_d.d.values, by_d.values)) + f"; C={C:.3g}",
+                P7, decreasing and C <= 10, "C is the median ratio over cells (Thm 3.1 leaves it unspecified)", C)]
+
+
+def p001_10(ds: xr.Dataset) -> list[Row]:
+    if "test_acc_after" not in ds or not bool(np.isfinite(ds["test_acc_after"]).any()) or \
+            "alpha" not in ds.dims or 1.0 not in ds.alpha.values:
+        return [skipped("P001-10", "D_MG test accuracy", P10, "needs D_MG cells with test_points and α = 1")]
+    keep = _keep(ds).sel(alpha=1.0)
+    sel, note = {}, []
+    if "mu_a" in ds.dims:
+        sel["mu_a"] = [a for a in ds.mu_a.values if abs(a - 0.1) < 1e-12]
+    if "d" in ds.dims:
+        sel["d"] = [d for d in ds.d.values if d >= 2000]
+    if any(len(v) == 0 for v in sel.values()):
+        return [skipped("P001-10", "D_MG test accuracy", P10, "no cells with a = 0.1 and d >= 2000")]
+    if "d" not in ds.dims:
+        note.append("d not a grid axis: every cell used")
+    before = ds["test_acc_before"].sel(alpha=1.0).where(keep).sel(sel)
+    after = ds["test_acc_after"].sel(alpha=1.0).where(keep).sel(sel)
+    b, a = float(before.mean()), float(after.mean())
+    sign = float(ds["sign_id_after"].sel(alpha=1.0).where(keep).sel(sel).mean())
+    return [Row("D_MG test accuracy after GA", "P001-10", f"before {b:.4f}, after {a:.4f}, Lemma D.7 signs {sign:.3f}",
+                P10, a >= b - 0.02, "; ".join(note), a - b)]
+
+
+def acceptance(ds: xr.Dataset) -> list[Row]:
+    return p001_4(ds) + p001_7(ds) + p001_10(ds)

@@ -1,0 +1,138 @@
+"""Paper 001 figures from an ``unlearn`` store (spec 001 §5): F001-1 ε(α) of the unlearned net on the
+retained set (mean over nets with a ±1 s.d. band, ddof=1), the δ and ε_rel panels, the measured ε
+(Def 2.2: max over the forgotten l) against the Thm 4.1 / 3.1 ε bound with the precondition status in
+the legend (spec A8: a bound is not a prediction where its preconditions fail); F001-3 cossim to the
+retained SVM (linear); F001-5 1 − cossim to the retrained net; F001-6 D_MG test accuracy.
+
+One line per combination of the grid dims other than ``alpha`` and ``seed``. Only usable cells
+(done, not failed) whose unlearned nets are feasible (min margin > 0) enter a point; each legend
+says how many nets a point averages."""
+
+from __future__ import annotations
+
+import itertools
+import pathlib
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import xarray as xr  # noqa: E402
+
+from analysis.common import finish  # noqa: E402
+from storage.query import usable  # noqa: E402
+
+OVER = "seed"
+
+
+def _keep(ds: xr.Dataset) -> xr.DataArray:
+    mask = usable(ds)
+    return mask & (ds["feasible"] == 1) if "feasible" in ds else mask
+
+
+def curves(ds: xr.Dataset, var: str):
+    """[(label, alpha, mean, std, n, total)] of ``var`` against alpha, one per other-dims combination."""
+    if "alpha" not in ds.dims or var not in ds:
+        return []
+    da = ds[var].where(_keep(ds)).astype(float)
+    da = da.where(np.isfinite(da))
+    others = [d for d in da.dims if d not in ("alpha", OVER)]
+    out = []
+    for combo in itertools.product(*(list(ds[d].values) for d in others)):
+        sel = dict(zip(others, combo))
+        sub = da.sel(sel) if sel else da
+        if OVER not in sub.dims:
+            sub = sub.expand_dims(OVER)
+        n = sub.count(OVER).values
+        if not n.any():
+            continue
+        label = ", ".join(f"{k}={v}" for k, v in sel.items()) or var
+        std = sub.std(OVER, ddof=1).values if sub.sizes[OVER] > 1 else np.zeros(len(n))
+        out.append((label, ds["alpha"].values, sub.mean(OVER).values, std, n, sub.sizes[OVER]))
+    return out
+
+
+def _panel(ds, var, ylabel, path, title, band=True) -> pathlib.Path | None:
+    cs = curves(ds, var)
+    if not cs:
+        return None
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    for label, x, mean, std, n, total in cs:
+        (line,) = ax.plot(x, mean, marker="o", ms=3, label=f"{label} (n={int(n.min())}-{int(n.max())}/{total})")
+        if band:
+            ax.fill_between(x, mean - std, mean + std, color=line.get_color(), alpha=0.2)
+    ax.axvline(1.0, color="k", lw=0.6, ls=":")
+    ax.set_xlabel("α (step as a fraction of λ_l)")
+    ax.set_ylabel(ylabel)
+    return finish(fig, ax, path, title)
+
+
+def _bound_panel(ds, path) -> pathlib.Path | None:
+    cs, bs = curves(ds, "eps"), curves(ds, "bound_eps")
+    if not cs:
+        return None
+    met = _keep(ds) & (ds["preconditions_met"] == 1)
+    status = "preconditions met" if bool(met.any()) and bool(met.sum() == _keep(ds).sum()) else \
+        "preconditions NOT met (bound not a prediction, spec A8)"
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    for (label, x, mean, std, n, total), b in zip(cs, bs):
+        (line,) = ax.plot(x, mean, marker="o", ms=3, label=f"measured ε, {label}")
+        at1 = np.isclose(b[1], 1.0)
+        if at1.any() and np.isfinite(b[2][at1]).any():  # the theorems bound the GA step (α = 1) only
+            ax.plot(b[1][at1], b[2][at1], ls="none", marker="*", ms=10, color=line.get_color(),
+                    label=f"bound ε at α = 1, {label}")
+    ax.set_yscale("log")
+    ax.set_xlabel("α")
+    ax.set_ylabel("ε (max over forgotten l)")
+    return finish(fig, ax, path, f"F001-1: measured ε vs Thm 4.1/3.1 bound\n{status}", fontsize=8)
+
+
+def _rate_panel(ds, path) -> pathlib.Path | None:
+    """F001-3: 1 − cossim(ŵ(1), w*) vs d, mean over nets and l, beside the Thm 3.1 rate
+    √ε_d + √ε_1 + √δ_1 times the fitted C (the median ratio; the theorem leaves C unspecified)."""
+    if "d" not in ds.dims or "alpha" not in ds.dims or 1.0 not in ds.alpha.values or \
+            not bool(np.isfinite(ds["tau_svm"]).any()):
+        return None
+    keep = _keep(ds).sel(alpha=1.0)
+    tau = ds["tau_svm"].sel(alpha=1.0).where(keep)
+    rate = (np.sqrt(ds["eps_d"]) + np.sqrt(ds["eps1"]) + np.sqrt(ds["delta1"])).sel(alpha=1.0).where(keep)
+    C = float((tau / rate).median())
+    other = [x for x in tau.dims if x != "d"]
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    ax.loglog(ds.d.values, tau.mean(other).values, marker="o", label="measured 1 − cos(ŵ(1), w*)")
+    ax.loglog(ds.d.values, C * rate.mean(other).values, ls="--", label=f"C·(√ε_d + √ε_1 + √δ_1), C = {C:.2g}")
+    ax.set_xlabel("d")
+    ax.set_ylabel("1 − cossim to the retained SVM")
+    return finish(fig, ax, path, "F001-3 / P001-7: linear GA vs the retained SVM, rate in d")
+
+
+def figures(ds: xr.Dataset, out_dir, prefix: str = "") -> list[pathlib.Path]:
+    out = pathlib.Path(out_dir)
+    paths = [
+        _panel(ds, "eps_mean", "ε on S∖{l} (mean over l)", out / f"{prefix}F001-1_eps.png",
+               "F001-1: KKT ε of the unlearned net vs α (±1 s.d. over nets)"),
+        _panel(ds, "delta_mean", "δ on S∖{l}", out / f"{prefix}F001-1_delta.png", "F001-1: δ vs α"),
+        _panel(ds, "eps_rel_mean", "ε / ‖θ̂‖", out / f"{prefix}F001-1_eps_rel.png", "F001-1: ε_rel vs α"),
+        _bound_panel(ds, out / f"{prefix}F001-1_bound.png"),
+    ]
+    if "cos_svm" in ds and bool(np.isfinite(ds["cos_svm"]).any()):
+        paths.append(_panel(ds, "cos_svm", "cossim(ŵ(α), w*)", out / f"{prefix}F001-3_cos_svm.png",
+                            "F001-3: cosine to the retained SVM (linear)"))
+        paths.append(_rate_panel(ds, out / f"{prefix}F001-3_rate.png"))
+    if "tau_retrain" in ds and bool(np.isfinite(ds["tau_retrain"]).any()):
+        paths.append(_panel(ds, "tau_retrain", "1 − cossim(θ̂(α), θ_retrain)", out / f"{prefix}F001-5_retrain.png",
+                            "F001-5: distance to the retrained net"))
+    if "test_acc_after" in ds and bool(np.isfinite(ds["test_acc_after"]).any()):
+        paths.append(_panel(ds, "test_acc_after", "test accuracy of θ̂(α)", out / f"{prefix}F001-6_test_acc.png",
+                            "F001-6: D_MG test accuracy after unlearning"))
+    return [p for p in paths if p is not None]
+
+
+def notes(ds: xr.Dataset) -> list[str]:
+    keep, done = int(_keep(ds).sum()), int(ds["done"].sum())
+    seeds = ds.sizes.get(OVER, 1)
+    met = int((_keep(ds) & (ds["preconditions_met"] == 1)).sum()) if "preconditions_met" in ds else 0
+    return [f"each point averages up to {seeds} nets; {done - keep} done cells left out (failed or "
+            f"infeasible); theorems' preconditions met in {met}/{keep} cells "
+            f"(median ε_d = {float(ds['eps_d'].where(_keep(ds)).median()):.3g})"]

@@ -1,0 +1,103 @@
+"""Experiment ``train_kkt``: the first stage of a paper-001 chain (Provable unlearning with gradient
+ascent on two-layer ReLU nets; spec 001 F001-1, App. E): nets N(x) = Σ_j u_j σ(w_j·x) with u_j = ±1/√n
+frozen and no biases (Eq. 1), or linear predictors (§3), trained by full-batch GD with weight decay
+(PyTorch SGD, no momentum), logistic loss, float64; stores the nets as ``train`` does ("nets").
+
+Why a separate producing experiment and not new ``train`` params: ``train`` is paper 002's
+log-space GD with an LR schedule, trained biases and output layer; paper 001's fixed output layer,
+plain GD with weight decay and its data (unit-norm near-orthogonal, orthonormal, D_MG) would touch
+every part of that kernel. The stored variables are ``train``'s, so ``storage.nets.load_nets_at``
+reads both. Declaration and wiring only; the maths is ``tasks/cells/train_kkt.py``.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from core.errors import ConfigError
+from flows.experiments import Experiment, Param, Var, register
+from flows.experiments import nonrobust
+from flows.experiments import train as train_exp
+from tasks.cells import train_kkt as cell_fn
+from tasks.data.mixture import SCALINGS
+
+P = {
+    "model": Param(str, "two_layer", "two-layer net with frozen ±1/√n output layer (Eq. 1) or linear predictor (§3)",
+                   choices=("two_layer", "linear")),
+    "data": Param(str, "gauss_scaled", "x ~ N(0, I/d) (App. E), orthonormal rows (F001-2) or D_MG (§6, F001-6)",
+                  choices=cell_fn.DATA),
+    "labels": Param(str, "random", "uniform with both classes (A3), balanced, or alternating ±1 (fixture O); "
+                    "D_MG labels are the clusters", choices=("random", "balanced", "alternating")),
+    "d": Param(int, 1000, "input dimension", min=2, max=10**6),
+    "m": Param(int, 10, "training points", min=2, max=10**5),
+    "width": Param(int, 400, "hidden neurons n (ignored for linear)", min=1, max=10**5),
+    "seed": Param(int, 0, "draws u, the init and (unless data_seed) the data", min=0, max=2**32 - 1),
+    "data_seed": Param(int, -1, "-1: data from seed (fresh per net); >= 0: one shared data set (share_data)",
+                       min=-1, max=2**32 - 1),
+    "lr": Param(float, 1.0, "GD learning rate (not given in App. E; spec default 1.0)", gt=0, max=1e6),
+    "wd": Param(float, 1e-5, "weight decay (App. E: 1e-5)", min=0, max=1e3),
+    "epochs": Param(int, 100_000, "full-batch GD steps (App. E: 1e5)", min=1, max=10**8),
+    "loss": Param(str, "logistic", "training loss (App. E: binary cross entropy)", choices=("logistic", "exp")),
+    "init_scale": Param(float, 1e-5, "multiplier of nn.Linear's default init (App. E: std / 1e5)", gt=0, max=1e6),
+    "mu_a": Param(float, 0.1, "D_MG exponent a (spec D001-10, renamed from the paper's α)", min=0, max=1),
+    "mu_scaling": Param(str, "sec6", "‖μ_+‖ = d^-a (§6) or d^(a-1/4) (App. D.1), spec A6", choices=SCALINGS),
+    "store_nets": Param(bool, True, "store the nets (a later stage reads them)"),
+}
+
+V = {
+    "m_used": train_exp.V["m_used"], "d_used": train_exp.V["d_used"], "width_used": train_exp.V["width_used"],
+    "nets_stored": train_exp.V["nets_stored"], "train_acc": train_exp.V["train_acc"],
+    "log10_loss": Var("log10", "final mean training loss, log10 (Thm 2.1 needs L < 1/m)"),
+    "q_min": Var("1", "smallest raw training margin y_i N(x_i)"),
+    "first_below": Var("epoch", "first epoch (checked every 100) with L < log(2)/m (Thm 2.1); -1 never", "int64"),
+    "mu_norm": Var("1", "‖μ_+‖ of D_MG (NaN for other data)"),
+    "wall_s": Var("s", "bundle training wall time divided by the bundle's cells", finite=True),
+    **{k: train_exp.V[k] for k in ("W", "b", "v", "X", "y")},
+    "batch_rng_state": Var("byte", "two torch CPU generator states: the init stream before W0 (retrain from the "
+                           "same init) | the D_MG stream before μ_+ (fresh test points)", "uint8", dims=("rng_byte",)),
+}
+
+
+def check(cell: dict) -> None:
+    if cell["data"] == "orthonormal" and cell["m"] > cell["d"]:
+        raise ConfigError("data", f"'orthonormal' needs m <= d, got m={cell['m']}, d={cell['d']}")
+
+
+def bundle_key(cell: dict) -> tuple:
+    return tuple(sorted((k, v) for k, v in cell.items() if k not in ("seed", "data_seed", "d", "m", "width")))
+
+
+def extra_dims(cells: list[dict]) -> dict[str, int]:
+    width = lambda c: 1 if c["model"] == "linear" else c["width"]  # noqa: E731
+    return {"hidden": max(width(c) for c in cells), "feature": max(c["d"] for c in cells),
+            "sample": max(c["m"] for c in cells), "rng_byte": 2 * cell_fn.RNG_BYTES}
+
+
+def memory(cell: dict) -> float:
+    return float(8 * (cell["m"] * cell["d"] + 4 * cell["width"] * cell["d"] + 4 * cell["m"] * cell["width"]))
+
+
+def run_bundle(cells: list[dict], device: str = "auto") -> list[dict]:
+    """Train on ``device`` (auto: CUDA when visible; TF32 off), store float64 CPU nets."""
+    t0 = time.perf_counter()
+    dev = nonrobust.resolve_device(device)
+    if dev.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False
+    out = cell_fn.train_cells(cells, dev)
+    for res in out:
+        res["wall_s"] = (time.perf_counter() - t0) / len(cells)
+    return out
+
+
+EXPERIMENT = register(Experiment(
+    name="train_kkt",
+    paper="001 Provable unlearning with gradient ascent on two-layer ReLU nets (the training of App. E, as a stage)",
+    description="train frozen-output two-layer ReLU nets / linear predictors by GD + weight decay, store the nets",
+    params=P, variables=V, run_bundle=run_bundle, bundle_key=bundle_key, check=check, memory=memory,
+    memory_fields=("d", "m", "width"), extra_dims=extra_dims, produces=("nets",),
+    cost=lambda c: float(c["epochs"] * c["m"] * c["d"] * c["width"]),
+    summary=("m_used", "train_acc", "log10_loss", "q_min"),
+    spec_ids=("F001-1", "F001-2", "F001-3", "F001-4", "F001-5", "F001-6"),
+))

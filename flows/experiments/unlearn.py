@@ -1,0 +1,137 @@
+"""Experiment ``unlearn``: paper 001 (Provable unlearning with gradient ascent on two-layer ReLU
+nets) on nets a ``train_kkt`` stage stored (reads "nets"): one gradient-ascent step sized by the
+forgotten point's KKT multiplier (fraction α swept), k-GA, sequential GA, retraining, identity;
+judged by the paper's own criterion, Def 2.2: is the result an (ε, δ)-approximate KKT point of the
+retained data (K1), how far in cosine from the references (K3), and what the theorems bound (§4),
+with their preconditions. Declaration and wiring only; the maths is ``tasks/cells/unlearn.py``.
+
+Axes: method, alpha, forget (index l, -1 one random l per net, -2 every l: the max over l that
+Def 2.2 asks for), k. Its group's dims are the train stage's dims followed by its own.
+The retrain reference and D_MG test points redraw what training drew: give ``init_scale``,
+``retrain_*`` and ``mu_*`` as the train stage has them (configs use YAML anchors).
+"""
+
+from __future__ import annotations
+
+import time
+
+from flows.experiments import Experiment, Param, Var, register
+from tasks.cells import unlearn as cell_fn
+from tasks.data.mixture import SCALINGS
+from tasks.unlearn import METHODS
+from tasks.unlearn.bounds import PRECONDITIONS
+
+P = {
+    "method": Param(str, "ga", "unlearning method (tasks/unlearn registry)", choices=tuple(METHODS)),
+    "alpha": Param(float, 1.0, "step as a fraction of the KKT multiplier λ_l (App. E sweeps [0, 1.5])", min=0, max=100),
+    "forget": Param(int, -1, "forgotten index l; -1 one random l per net (App. E); -2 every l (Def 2.2's max)",
+                    min=-2, max=10**5),
+    "k": Param(int, 1, "points forgotten at once: {l, …, l+k-1} mod m (§5)", min=1, max=10**5),
+    "forget_seed": Param(int, 0, "seed of the random l (forget = -1), with the upstream cell's coordinates",
+                         min=0, max=2**32 - 1),
+    "model": Param(str, "two_layer", "the train stage's model (checked against the stored output layer)",
+                   choices=("two_layer", "linear")),
+    "loss": Param(str, "logistic", "the train stage's loss (dynamics multipliers, log β, retrain)",
+                  choices=("logistic", "exp")),
+    "tie_tol": Param(float, 1e-9, "σ'(z) = 1[z > tol·‖x_i‖·max_k‖w_k‖] (spec N1)", min=0, max=1),
+    "ref_retrain": Param(bool, False, "also retrain on the retained set as a τ reference (F001-5; costly)"),
+    "init_scale": Param(float, 1e-5, "the train stage's init_scale (retrain from the same init)", gt=0, max=1e6),
+    "retrain_lr": Param(float, 1.0, "the train stage's lr", gt=0, max=1e6),
+    "retrain_wd": Param(float, 1e-5, "the train stage's wd", min=0, max=1e3),
+    "retrain_epochs": Param(int, 100_000, "the train stage's epochs", min=1, max=10**8),
+    "test_points": Param(int, 0, "fresh D_MG test points (Thm 6.1; 0: none; the train stage must use data d_mg)",
+                         min=0, max=10**6),
+    "mu_a": Param(float, 0.1, "the train stage's mu_a", min=0, max=1),
+    "mu_scaling": Param(str, "sec6", "the train stage's mu_scaling", choices=SCALINGS),
+}
+
+F = lambda units, doc: Var(units, doc)  # noqa: E731
+V = {
+    "m_used": Var("1", "training points m of the net", "int64", finite=True),
+    "width_used": Var("1", "width n of the net (1: linear)", "int64", finite=True),
+    "n_forget_sets": Var("1", "forget sets measured (1, or m for forget = -2)", "int64", finite=True),
+    "feasible": Var("1", "1 if every unlearned net classifies its retained points (min margin > 0)", "int8", finite=True),
+    "eps": F("l2 norm", "KKT stationarity ε of the unlearned net on the retained set, min margin 1, nnls λ (K1; max over l)"),
+    "delta": F("1", "complementary slackness δ = max λ_i (q_i - 1) on the retained set (max over l)"),
+    "eps_rel": F("1", "ε / ‖θ̂‖ (scale free; max over l)"),
+    "eps_mean": F("l2 norm", "ε, mean over forget sets"), "delta_mean": F("1", "δ, mean over forget sets"),
+    "eps_rel_mean": F("1", "ε_rel, mean over forget sets"),
+    "eps_inherited": F("l2 norm", "ε with the trained net's λ rescaled (the proofs' certificate; max over l)"),
+    "delta_inherited": F("1", "δ with the inherited λ (max over l)"),
+    "eps_dynamics": F("l2 norm", "ε with λ ∝ -ℓ'(q) (Lyu-Li; max over l)"),
+    "eps1": F("l2 norm", "ε_1 of the trained net on S (K1, nnls)"), "delta1": F("1", "δ_1 of the trained net on S"),
+    "eps1_rel": F("1", "ε_1 / ‖θ‖"), "feasible1": Var("1", "1 if the trained net interpolates S", "int8", finite=True),
+    "q_min1": F("1", "raw minimum margin of the trained net"),
+    "lam_l": F("1", "multiplier λ_l of the forgotten anchor point (mean over l)"),
+    "q_l": F("1", "raw margin of the forgotten anchor point"),
+    "log_beta_l": F("log", "log β_l = log λ_l - log|ℓ'(q_l)| (Eq. 3's step along ∇ℓ, raw scale)"),
+    "lam_min": F("1", "smallest multiplier of the trained net"), "lam_max": F("1", "largest multiplier"),
+    "n_support": Var("1", "support points of the trained net's λ", "int64"),
+    "n_support_after": F("1", "support points of the unlearned net's λ (mean over l)"),
+    "act_mass_min": F("1", "min_i Σ_j u_j² λ_i σ'_ij (Lemma C.4: >= 0.9 - ...)"),
+    "act_mass_max": F("1", "max_i Σ_j u_j² λ_i σ'_ij (Lemma C.3: <= 20.4)"),
+    "tau_fixed": F("1", "1 - cossim to the proof's fixed net (K3, two-layer; max over l)"),
+    "eps_fixed": F("l2 norm", "ε of the fixed net"), "delta_fixed": F("1", "δ of the fixed net"),
+    "tau_retrain": F("1", "1 - cossim to the net retrained on the retained set (ref_retrain; max over l)"),
+    "eps_retrain": F("l2 norm", "ε of the retrained net"), "delta_retrain": F("1", "δ of the retrained net"),
+    "cos_svm": F("1", "cossim to the retained set's hard-margin SVM (linear; min over l)"),
+    "tau_svm": F("1", "1 - cos_svm (linear; max over l)"),
+    "train_acc_before": F("1", "accuracy of θ on the retained points"),
+    "train_acc_after": F("1", "accuracy of θ̂ on the retained points"),
+    "forget_acc_after": F("1", "fraction of forgotten points θ̂ still classifies correctly"),
+    "test_acc_before": F("1", "accuracy of θ on fresh D_MG points (Thm 6.1; NaN without test_points)"),
+    "test_acc_after": F("1", "accuracy of θ̂ on fresh D_MG points (mean over l)"),
+    "sign_id_before": F("1", "fraction of (neuron, test point) with sign(w_j·x) = y sign(u_j) (Lemma D.7), θ"),
+    "sign_id_after": F("1", "the same for θ̂"),
+    "psi": F("1", "ψ̂ = max |‖x_i‖² - 1| (Assumption 2.3)"), "phi": F("1", "φ̂ = max_{i≠j} |⟨x_i, x_j⟩|"),
+    "eps_d": F("1", "smallest admissible ε_d: 4mφ̂ (linear), 4mnφ̂ (two-layer)"),
+    "bound_eps": F("l2 norm", "Thm 3.1/B.1/4.1/C.1 ε bound (proof form)"),
+    "bound_eps_stated": F("l2 norm", "the ε bound as stated"),
+    "bound_delta_stated": F("1", "the δ bound as stated"), "bound_delta_proof": F("1", "the δ the proof supports"),
+    "bound_tau_stated": F("1", "the τ bound as stated (NaN: linear, unspecified C)"),
+    "bound_tau_proof": F("1", "the τ the proof supports"),
+    "preconditions_met": Var("1", "1 if the theorem's preconditions hold (else the bounds are not predictions)",
+                             "int8", finite=True),
+    "violated": Var("1", "bitmask of violated preconditions: " + ", ".join(f"{1 << i} {p}" for i, p in
+                                                                        enumerate(PRECONDITIONS)), "int64", finite=True),
+    "lemma_upper": Var("1", "Lemma B.1 (linear) / C.3 (two-layer) holds on the trained certificate", "int8"),
+    "lemma_lower": Var("1", "Lemma B.2 (linear) / C.4 (two-layer) holds", "int8"),
+    "wall_s": Var("s", "bundle wall time divided by its cells", finite=True),
+    "eps_l": Var("l2 norm", "ε per forgotten anchor l (NaN where l was not forgotten)", dims=("sample",)),
+}
+
+
+# train_kkt grid axes that set an unlearn parameter: a coordinate of the upstream cell wins over
+# the stage's own value (e.g. F001-6 sweeps mu_a in the train stage)
+FROM_UPSTREAM = {"mu_a": "mu_a", "mu_scaling": "mu_scaling", "init_scale": "init_scale", "lr": "retrain_lr",
+                 "wd": "retrain_wd", "epochs": "retrain_epochs", "loss": "loss", "model": "model"}
+
+
+def bundle_key(cell: dict) -> tuple:
+    """Everything but α: one bundle measures the whole α sweep of its nets in one call."""
+    return tuple(sorted((k, v) for k, v in cell.items() if k != "alpha"))
+
+
+def run_bundle(cells: list[dict], device: str = "auto", inputs=None) -> list[dict]:
+    """``inputs``: the upstream nets of ``cells``, in order (storage.nets.Nets), float64 on the CPU."""
+    t0 = time.perf_counter()
+    n = inputs
+    keys = [repr(sorted(c.items())) for c in n.cells]
+    cells = [dict(c, **{mine: up[theirs] for theirs, mine in FROM_UPSTREAM.items() if theirs in up})
+             for c, up in zip(cells, n.cells)]
+    out = cell_fn.unlearn(n.W, n.v, n.X, n.y, n.mask, n.d, n.m, n.width, n.rng_state, keys, cells)
+    for res in out:
+        res["wall_s"] = (time.perf_counter() - t0) / len(cells)
+    return out
+
+
+EXPERIMENT = register(Experiment(
+    name="unlearn",
+    paper="001 Provable unlearning with gradient ascent on two-layer ReLU networks",
+    description="GA / k-GA / retrain unlearning judged by the KKT criterion (Def 2.2) on stored nets (reads 'nets')",
+    params=P, variables=V, run_bundle=run_bundle, bundle_key=bundle_key, reads="nets",
+    cost=lambda c: 1.0 + (c["retrain_epochs"] if c["method"] == "retrain" or c["ref_retrain"] else 0),
+    summary=("m_used", "eps", "delta", "eps_rel", "eps1", "tau_fixed", "cos_svm", "preconditions_met"),
+    spec_ids=("F001-1", "F001-2", "F001-3", "F001-4", "F001-5", "F001-6", "P001-4", "P001-5", "P001-6", "P001-7",
+              "P001-8", "P001-10"),
+))
