@@ -1,0 +1,121 @@
+"""Paper 003 as stages, end to end through the real CLI (real Prefect server, Dask LocalCluster,
+Zarr): lazy_train on sklearn digits and a small MNIST slice -> single_step, adv_train -> pgd.
+The stored nets are read back and the stored single steps recomputed from them; snapshots of one
+trajectory (spec 003 §2.6) and the lazy ball are checked on the stored nets; config errors name
+their field before any work."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from core.errors import ConfigError
+from flows import config
+
+LAZY = {"variant": "unit", "m": 64, "lr": 0.5, "max_steps": 3000, "n_train": 256, "n_test": 64}
+GRID = {"data": ["digits", "mnist"], "d": [49], "C0": [3.0, 6.0], "seed": [0, 1]}
+ADV = {"data": "digits", "d": 36, "m": 48, "T1_max": 3, "T2": 8, "beta": 0.05}
+RUNNER = {"workers": 2, "bundle_size": 8}
+
+
+def lazy_chain(**over) -> dict:
+    raw = {"name": "lazy003", "runner": dict(RUNNER), "stages": [
+        {"name": "lazy", "experiment": "lazy_train", "grid": dict(GRID), "params": dict(LAZY)},
+        {"name": "flips", "experiment": "single_step", "from": "lazy", "grid": {"method": ["single_step_exact"]}},
+        {"name": "adv", "experiment": "adv_train", "grid": {"V": [0.1, 2.0], "R": [0.3], "seed": [0]},
+         "params": dict(ADV)},
+        {"name": "robust", "experiment": "pgd", "from": "adv", "grid": {"restarts": [1]}, "params": {"T2": 16}},
+    ]}
+    for key, value in over.items():  # "s0.params.d": 50
+        parts = key.split(".")
+        target = raw["stages"][int(parts[0][1:])]
+        for p in parts[1:-1]:
+            target = target[p]
+        target[parts[-1]] = value
+    return raw
+
+
+BAD = [
+    ("E1 d not a square", {"s0.grid.d": [50]}, "stages[0].d", "not a square"),
+    ("d too large for digits", {"s0.grid.d": [100], "s0.grid.data": ["digits"]}, "stages[0].d", "larger than"),
+    ("unknown attack", {"s1.grid.method": ["fgsm"]}, "stages[1].grid.method", "single_step_exact"),
+    ("negative budget", {"s3.params.R": -0.1}, "stages[3].params.R", ">= 0"),
+    ("negative training budget", {"s2.grid.R": [-0.3]}, "stages[2].grid.R", ">= 0"),
+    ("width beyond memory", {"s0.params.m": 10**6, "s0.grid.d": [784], "s0.grid.data": ["mnist"]},
+     "params.m, grid.d", "GiB"),  # 48.6 GiB per cell (float64, d = 784, m = 1e6)
+]
+
+
+@pytest.mark.parametrize("label,over,field,hint", BAD, ids=[b[0] for b in BAD])
+def test_bad_config_names_the_field_before_any_work(label, over, field, hint):
+    with pytest.raises(ConfigError) as err:
+        for stage in config.parse(lazy_chain(**over)).stages:
+            config.check_fits(stage)  # what `kktlab run` does before any work
+    assert err.value.field.replace(".grid.d", ".d") == field.replace(".grid.d", ".d"), str(err.value)
+    assert hint in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.fixture(scope="module")
+def ran(prefect_server, cli, tmp_path_factory):
+    import yaml
+
+    root = tmp_path_factory.mktemp("lazy003")
+    (root / "c.yaml").write_text(yaml.safe_dump(lazy_chain()))
+    res = cli.run("run", root / "c.yaml", "--store", root / "s.zarr", "--json", root / "stats.json")
+    assert res.returncode == 0, res.stderr[-3000:]
+    return root
+
+
+@pytest.mark.slow
+def test_E1_chain_end_to_end_dims_and_lazy_ball(ran):
+    from storage.query import open_results
+
+    stats = json.loads((ran / "stats.json").read_text())
+    assert [s["group"] for s in stats] == ["lazy", "flips", "adv", "robust"]
+    assert [s["written"] for s in stats] == [8, 8, 2, 2] and all(s["failed"] == 0 for s in stats)
+    lazy = open_results(ran / "s.zarr", "lazy").load()
+    flips = open_results(ran / "s.zarr", "flips").load()
+    assert set(flips.delta_rel.dims) == {"data", "d", "C0", "seed", "method", "test_sample"}
+    assert dict(lazy.X_test.sizes)["test_sample"] == 64 and dict(lazy.W.sizes)["hidden"] == 64
+    assert (lazy.C0_reached <= lazy.C0).all() and bool(lazy.exited.all())
+    assert (lazy.steps.sel(C0=3.0) < lazy.steps.sel(C0=6.0)).all()  # one trajectory, later snapshot
+    assert float(lazy.test_acc.sel(data="digits", C0=6.0).min()) >= 0.9
+    assert float(lazy.test_acc.sel(data="mnist", C0=6.0).min()) >= 0.95
+    d = flips.delta_rel.values
+    assert np.isfinite(d).all() and (d > 0).all() and (d < 1).all()  # unit inputs: ||delta*|| < ||x||
+    ratio = flips.t_ratio.values
+    assert 0.8 < float(np.median(ratio)) < 1.5  # t* ~ t_lin: the net is nearly linear along the ray (spec §2.7)
+
+
+@pytest.mark.slow
+def test_stored_single_steps_recompute_from_the_stored_nets(ran):
+    from storage.query import load_nets, open_results
+    from tasks.attacks import single_step_exact
+    from tasks.nets import TwoLayer
+
+    flips = open_results(ran / "s.zarr", "flips").load()
+    n = load_nets(ran / "s.zarr", "lazy", data="mnist")
+    r = single_step_exact(TwoLayer(n.W, n.b, n.v), n.extra["X_test"])
+    for e, cell in enumerate(n.cells):
+        stored = flips.eta_star.sel(**cell, method="single_step_exact").values
+        np.testing.assert_allclose(r.t_star[e].numpy(), stored, rtol=1e-12, atol=0)
+    assert (n.extra["W0"].shape == n.W.shape) and n.extra["X_test"].shape[1] == 64
+
+
+@pytest.mark.slow
+def test_E4_adv_train_then_pgd_wider_ball_is_more_robust(ran):
+    from storage.query import open_results
+
+    adv = open_results(ran / "s.zarr", "adv").load()
+    rob = open_results(ran / "s.zarr", "robust").load()
+    assert set(rob.rta.dims) == {"V", "R", "seed", "restarts"}
+    assert (rob.R_used == 0.3).all() and (rob.max_delta <= 0.3 * (1 + 1e-9)).all()
+    assert (rob.rta <= rob.clean_acc + 1e-12).all()
+    assert float(rob.rta.sel(V=2.0).min()) > float(rob.rta.sel(V=0.1).max())
+    assert (adv.C0_reached <= adv.C0 * (1 + 1e-9)).all()
+    assert math.isclose(float(adv.C0.sel(V=2.0).item()), 2.0 * math.sqrt(48), rel_tol=1e-12)
+    assert dict(adv.rta_train_hist.sizes)["epoch"] == 3
