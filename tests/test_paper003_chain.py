@@ -119,3 +119,18 @@ def test_E4_adv_train_then_pgd_wider_ball_is_more_robust(ran):
     assert (adv.C0_reached <= adv.C0 * (1 + 1e-9)).all()
     assert math.isclose(float(adv.C0.sel(V=2.0).item()), 2.0 * math.sqrt(48), rel_tol=1e-12)
     assert dict(adv.rta_train_hist.sizes)["epoch"] == 3
+
+
+CONFIGS = ["paper-003-e1e2", "paper-003-e4", "paper-003-e5", "paper-003-x1", "paper-003-x3-x6", "quickstart-lazy"]
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_E1_to_E5_X1_X3_X6_configs_parse(name):
+    import pathlib
+
+    from flows import stages
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "configs" / f"{name}.yaml"
+    raw, text = config.read_yaml(path)
+    chain = stages.parse_chain(raw, text)
+    assert chain.stages[0].experiment in ("lazy_train", "adv_train") and chain.n_cells >= 12
