@@ -134,3 +134,20 @@ def test_E1_to_E5_X1_X3_X6_configs_parse(name):
     raw, text = config.read_yaml(path)
     chain = stages.parse_chain(raw, text)
     assert chain.stages[0].experiment in ("lazy_train", "adv_train") and chain.n_cells >= 12
+
+
+@pytest.mark.slow
+def test_report_draws_paper003_figures_and_acceptance_rows(ran, tmp_path):
+    from analysis import acceptance_003, lazy
+    from kktlab.report import report
+    from storage.query import load_scalars, open_results
+
+    paths = report(ran / "s.zarr", tmp_path)
+    names = {p.name for p in paths}
+    assert {"flips_fig3-6_med_delta_rel.png", "flips_fig3-6_med_gnorm.png", "robust_rta_vs_R.png"} <= names
+    rows = acceptance_003.acceptance(load_scalars(open_results(ran / "s.zarr", "flips")))
+    assert {r.spec_id for r in rows} == {"E1", "E2", "E3"}
+    e2 = [r for r in rows if r.criterion.startswith("med_gnorm increases")]
+    assert len(e2) == 1 and 0.0 <= e2[0].value <= 1.0
+    hist = lazy.histograms(open_results(ran / "s.zarr", "flips").load(), tmp_path, "h_", sel={"data": "mnist"})
+    assert len(hist) == 3 and all(p.stat().st_size > 0 for p in hist)
