@@ -17,7 +17,7 @@ from core.errors import ConfigError
 from flows import config
 
 LAZY = {"variant": "unit", "m": 64, "lr": 0.5, "max_steps": 3000, "n_train": 256, "n_test": 64}
-GRID = {"data": ["digits", "mnist"], "d": [49], "C0": [3.0, 6.0], "seed": [0, 1]}
+GRID = {"data": ["digits", "mnist"], "d": [25, 49], "C0": [3.0, 6.0], "seed": [0]}
 ADV = {"data": "digits", "d": 36, "m": 48, "T1_max": 3, "T2": 8, "beta": 0.05}
 RUNNER = {"workers": 2, "bundle_size": 8}
 
@@ -26,7 +26,7 @@ def lazy_chain(**over) -> dict:
     raw = {"name": "lazy003", "runner": dict(RUNNER), "stages": [
         {"name": "lazy", "experiment": "lazy_train", "grid": dict(GRID), "params": dict(LAZY)},
         {"name": "flips", "experiment": "single_step", "from": "lazy", "grid": {"method": ["single_step_exact"]}},
-        {"name": "adv", "experiment": "adv_train", "grid": {"V": [0.1, 2.0], "R": [0.3], "seed": [0]},
+        {"name": "adv", "experiment": "adv_train", "grid": {"V": [0.1, 2.0], "R": [0.1], "seed": [0]},
          "params": dict(ADV)},
         {"name": "robust", "experiment": "pgd", "from": "adv", "grid": {"restarts": [1]}, "params": {"T2": 16}},
     ]}
@@ -98,10 +98,10 @@ def test_stored_single_steps_recompute_from_the_stored_nets(ran):
     from tasks.nets import TwoLayer
 
     flips = open_results(ran / "s.zarr", "flips").load()
-    n = load_nets(ran / "s.zarr", "lazy", data="mnist")
+    n = load_nets(ran / "s.zarr", "lazy", data="mnist", d=49)
     r = single_step_exact(TwoLayer(n.W, n.b, n.v), n.extra["X_test"])
     for e, cell in enumerate(n.cells):
-        stored = flips.eta_star.sel(**cell, method="single_step_exact").values
+        stored = flips.eta_star.sel({**cell, "method": "single_step_exact"}).values
         np.testing.assert_allclose(r.t_star[e].numpy(), stored, rtol=1e-12, atol=0)
     assert (n.extra["W0"].shape == n.W.shape) and n.extra["X_test"].shape[1] == 64
 
@@ -113,9 +113,9 @@ def test_E4_adv_train_then_pgd_wider_ball_is_more_robust(ran):
     adv = open_results(ran / "s.zarr", "adv").load()
     rob = open_results(ran / "s.zarr", "robust").load()
     assert set(rob.rta.dims) == {"V", "R", "seed", "restarts"}
-    assert (rob.R_used == 0.3).all() and (rob.max_delta <= 0.3 * (1 + 1e-9)).all()
+    assert (rob.R_used == 0.1).all() and (rob.max_delta <= 0.1 * (1 + 1e-9)).all()
     assert (rob.rta <= rob.clean_acc + 1e-12).all()
-    assert float(rob.rta.sel(V=2.0).min()) > float(rob.rta.sel(V=0.1).max())
+    assert float(rob.rta.sel(V=2.0).min()) > float(rob.rta.sel(V=0.1).max()) + 0.3  # measured 0.94 vs 0.36
     assert (adv.C0_reached <= adv.C0 * (1 + 1e-9)).all()
     assert math.isclose(float(adv.C0.sel(V=2.0).item()), 2.0 * math.sqrt(48), rel_tol=1e-12)
     assert dict(adv.rta_train_hist.sizes)["epoch"] == 3
