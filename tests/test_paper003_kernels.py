@@ -131,7 +131,7 @@ def test_T6_lazy_sgd_exits_at_the_ball_and_shared_snapshots_equal_separate_runs(
 
 def test_T7_pgd_stays_in_ball_and_rta_monotone_in_R():
     d, m = 25, 128
-    net, W0 = lazy_stack(2, d, m, dev=5.0)
+    net, _ = lazy_stack(2, d, m, dev=5.0)
     X, _ = sphere(100, d, seed=7)
     y = torch.sign(net(X.unsqueeze(0).expand(2, -1, -1)))  # the nets' own labels: clean acc 1
     clean = (y * net(X.unsqueeze(0).expand(2, -1, -1)) > 0).double().mean(1)
@@ -150,7 +150,7 @@ def test_T7_pgd_stays_in_ball_and_rta_monotone_in_R():
 def test_T8_B4_margin_set_at_init():
     """mean_s 1[|w_{s,0}·x| <= V] ≈ 2Φ(V) - 1 for unit x (Lemma B.4's superset)."""
     d, m, V = 30, 20000, 0.3
-    net, W0 = lazy_stack(1, d, m)
+    _, W0 = lazy_stack(1, d, m)
     x = sphere(5, d)[0]
     frac = ((x @ W0[0].T).abs() <= V).double().mean(1)
     expect = math.erf(V / math.sqrt(2))

@@ -30,7 +30,7 @@ class PGDResult:
 def random_in_ball(shape: tuple[int, int, int], R: torch.Tensor, generators: list[torch.Generator],
                    dtype=torch.float64) -> torch.Tensor:
     """Points uniform in ``B_2(0, R[e])`` of R^d, (E,n,d), model e drawn from ``generators[e]`` on the CPU."""
-    E, n, d = shape
+    _, n, d = shape
     out = []
     for e, g in enumerate(generators):  # one draw per model's own stream (RNG only; the maths is stacked)
         z = torch.randn(n, d, generator=g, dtype=torch.float64)

@@ -96,7 +96,7 @@ def single_step_bisect(net: TwoLayer, X: torch.Tensor, *, iters: int = 60, max_d
         f, g, s, gn, t_lin = _direction(net, x)
         u = -s.unsqueeze(-1) * g
 
-        def flipped(t):
+        def flipped(t, s=s, x=x, u=u):
             return s * net(x + t.unsqueeze(-1) * u) <= 0
 
         hi = t_lin.clone()

@@ -59,7 +59,7 @@ def stratified_split(y: torch.Tensor, test_frac: float, generator: torch.Generat
     for c in torch.unique(y):
         idx = torch.nonzero(y == c).flatten()
         perm = idx[torch.randperm(len(idx), generator=generator)]
-        n_test = int(round(test_frac * len(idx)))
+        n_test = round(test_frac * len(idx))
         test.append(perm[:n_test])
         train.append(perm[n_test:])
     return torch.sort(torch.cat(train)).values, torch.sort(torch.cat(test)).values

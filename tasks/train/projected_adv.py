@@ -47,7 +47,7 @@ def projected_adv_train(W0: torch.Tensor, v: torch.Tensor, b: torch.Tensor, X: t
         raise ValueError(f"projection {projection!r}: allowed step, epoch")
     if reduction not in ("mean", "sum"):
         raise ValueError(f"reduction {reduction!r}: allowed mean, sum")
-    E, m, d = W0.shape
+    E, _, d = W0.shape
     n, B = X.shape[0], batch_size
     if B > n:
         raise ValueError(f"batch_size {B} is larger than the {n} training points")
