@@ -62,6 +62,9 @@ def _panels(ds: xr.Dataset, out: pathlib.Path, prefix: str, by: str, fixed: dict
         ax.loglog(d, c * d ** SLOPE[var], "g--", label=f"G-shape {c:.3g} d^{SLOPE[var]:g}")
         for lab, y in _g_init(var, d):
             ax.loglog(d, y, "g:", label=lab)
+        if var == "med_eta_star" and "med_t_thm" in sub:  # G-plugin: the theorem's step 2|f|/((1-ρ)||∇f||²)
+            plug = _mean(sub, "med_t_thm", ("d", by)).sel({by: da[by].values.max()}).values
+            ax.loglog(d, plug, "g-.", label="G-plugin (median t_thm)")
         ax.set_xlabel("d")
         ax.set_ylabel(LABEL[var] + " (median over test points)")
         paths.append(finish(fig, ax, out / f"{prefix}{tag}_{var}.png", f"{tag}: {LABEL[var]} vs d"))
@@ -155,6 +158,15 @@ def histograms(ds: xr.Dataset, out: pathlib.Path, prefix: str = "", sel: dict | 
         ax.set_xlabel(lab)
         paths.append(finish(fig, ax, out / f"{prefix}fig7_{var}.png", f"Fig 7: {lab} ({len(x)} points)"))
     return paths
+
+
+def sample_figures(ds: xr.Dataset, out_dir, prefix: str = "") -> list[pathlib.Path]:
+    """Figures from the per-sample variables of the full group (``kktlab report`` calls it with
+    the group as stored): Fig 7 for a ``single_step`` group."""
+    if "delta_rel" not in ds or "test_sample" not in ds.dims:
+        return []
+    full = ds.where(usable(ds))
+    return histograms(full, pathlib.Path(out_dir), prefix)
 
 
 def figures(ds: xr.Dataset, out_dir, prefix: str = "") -> list[pathlib.Path]:

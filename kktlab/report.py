@@ -52,6 +52,8 @@ def report(store: str | pathlib.Path, out: str | pathlib.Path,
             continue
         module = importlib.import_module(FIGURES[exp])
         figs = module.figures(ds, out, prefix=f"{g}_")
+        if hasattr(module, "sample_figures"):  # figures from per-sample variables (paper 003 Fig 7)
+            figs += module.sample_figures(open_results(store, g), out, prefix=f"{g}_")
         notes = module.notes(ds) if hasattr(module, "notes") else []
         if notes:
             lines += ["### Seeds per point", "", *notes]

@@ -205,3 +205,37 @@ def test_deepfool_flips_no_further_than_needed_and_unknown_attack_is_named():
         get_attack("fgsm")
     with pytest.raises(ValueError, match="budget R must be >= 0"):
         pgd_l2(net, X, torch.sign(net(X)), torch.tensor([-0.1, 0.1], dtype=torch.float64))
+
+
+@pytest.mark.requires_gpu
+def test_gpu_fp32_kernels_match_fp64_cpu_oracle_on_8_models():
+    net, W0 = lazy_stack(8, 196, 2000, dev=10.0)
+    X = sphere(64, 196)[0].unsqueeze(0).expand(8, -1, -1).contiguous()
+    torch.backends.cuda.matmul.allow_tf32 = False  # spec 003 §6 #25
+    gpu = TwoLayer(*(t.cuda().float() for t in (net.W, net.b, net.v)))
+    ref = single_step_exact(net, X)
+    got = single_step_exact(gpu, X.cuda().float())
+    ok = (ref.t_star - got.t_star.double().cpu()).abs() <= 1e-3 * ref.t_star
+    assert ok.double().mean() >= 0.99  # fp32 pre-activations: rare breakpoint reorderings
+    torch.testing.assert_close(got.gnorm.double().cpu(), ref.gnorm, rtol=1e-4, atol=0)
+    R = torch.full((8,), 0.1, dtype=torch.float64)
+    y = torch.sign(net(X))
+    a = pgd_l2(net, X, y, R, steps=20)
+    b = pgd_l2(gpu, X.cuda().float(), y.cuda().float(), R.cuda().float(), steps=20)
+    assert (a.robust != b.robust.cpu()).double().mean() <= 1 / 64
+
+
+@pytest.mark.requires_gpu
+def test_gpu_stacked_lazy_sgd_equals_per_model_runs():
+    d, m, E = 64, 512, 4
+    parts = [init_lazy(d, m, torch.Generator().manual_seed(e), bias=False, device="cuda") for e in range(E)]
+    W0, v, b0 = (torch.stack(t) for t in zip(*parts))
+    X, y = sphere(256, d)
+    X, y = X.cuda(), y.cuda()
+    gens = lambda: [torch.Generator().manual_seed(7 + e) for e in range(E)]  # noqa: E731
+    run = lazy_sgd(W0, v, b0, X, y, [2.0], gens(), lr=0.5, batch_size=32, max_steps=2000, train_bias=False)
+    for e in range(E):
+        one = lazy_sgd(W0[e:e + 1], v[e:e + 1], b0[e:e + 1], X, y, [2.0], [gens()[e]], lr=0.5, batch_size=32,
+                       max_steps=2000, train_bias=False)
+        assert int(one.steps[0, 0]) == int(run.steps[e, 0])
+        torch.testing.assert_close(one.U[0], run.U[e], rtol=1e-10, atol=1e-12)

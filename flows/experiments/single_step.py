@@ -10,14 +10,16 @@ import time
 import torch
 
 from flows.experiments import Experiment, Param, Var, register
-from tasks.attacks import STEP_ATTACKS
+from flows.bundles import memory_budget
+from tasks.attacks import STEP_ATTACKS, chunk_for
 from tasks.cells import single_step as cell_fn
 
 P = {
     "method": Param(str, "single_step_exact", "exact breakpoint sort (default) or its bisection oracle",
                     choices=tuple(STEP_ATTACKS)),
     "deepfool": Param(bool, False, "also run the DeepFool-style iterative linearisation (X3)"),
-    "chunk": Param(int, 256, "test points per chunk (bounds the E x chunk x m blocks)", min=1, max=10**6),
+    "chunk": Param(int, 0, "test points per chunk (bounds the E x chunk x m blocks); 0: as many as half the "
+                   "free memory allows", min=0, max=10**6),
 }
 DOC = {
     "f": "f(x; W)", "f0": "f(x; W0)", "gnorm": "||grad_x f(x; W)||", "gnorm0": "||grad_x f(x; W0)||",
@@ -33,7 +35,7 @@ DOC = {
 }
 V = {k: Var("1", DOC[k], dims=("test_sample",)) for k in cell_fn.SAMPLE_VARS}
 V.update({f"med_{k}": Var("1", f"median over test points of {k}") for k in
-          ("delta_rel", "eta_star", "eta_rel", "gnorm", "rho", "t_ratio")})
+          ("delta_rel", "eta_star", "eta_rel", "gnorm", "rho", "t_ratio", "t_thm")})
 V["flip_frac"] = Var("1", "fraction of test points a positive step flips", finite=True)
 V["test_acc"] = Var("1", "clean test accuracy", finite=True)
 V["sqrt_d"] = Var("1", "sqrt of the net's input dimension", finite=True)
@@ -49,7 +51,7 @@ def run_bundle(cells: list[dict], device: str = "auto", inputs=None) -> list[dic
     C0 = torch.tensor([float(c.get("C0", "nan")) for c in n.cells], dtype=torch.float64)
     V_nom = C0 / torch.sqrt(n.width.double())
     out = cell_fn.attack(n.W, n.b, n.v, ex["W0"], ex["X_test"], ex["y_test"], ex["n_test_used"].long(), V_nom,
-                         cells, cells[0]["chunk"])
+                         cells, cells[0]["chunk"] or chunk_for(len(cells), int(n.W.shape[1]), memory_budget("cpu", 1)))
     wall = (time.perf_counter() - t0) / len(cells)
     for res in out:
         res["wall_s"] = wall

@@ -12,7 +12,7 @@ signature ``(net, X) -> StepResult`` that experiment ``single_step`` may name.
 from tasks.attacks.deepfool import DeepFoolResult, deepfool
 from tasks.attacks.directions import all_samples_direction, margin_direction, random_direction
 from tasks.attacks.pgd import PGDResult, pgd_l2, random_in_ball
-from tasks.attacks.single_step import StepResult, exact_roots, single_step_bisect, single_step_exact
+from tasks.attacks.single_step import StepResult, chunk_for, exact_roots, single_step_bisect, single_step_exact
 from tasks.attacks.universal import (FlipResult, c_star_bisection, c_star_exact, f_along, first_roots, flipped_fraction,
                                      flips_all)
 
@@ -33,6 +33,6 @@ def get_attack(name: str):
 
 
 __all__ = ["ATTACKS", "DIRECTIONS", "STEP_ATTACKS", "DeepFoolResult", "FlipResult", "PGDResult", "StepResult",
-           "c_star_bisection", "c_star_exact", "deepfool", "exact_roots", "f_along", "first_roots",
+           "c_star_bisection", "c_star_exact", "chunk_for", "deepfool", "exact_roots", "f_along", "first_roots",
            "flipped_fraction", "flips_all", "get_attack", "all_samples_direction", "margin_direction", "pgd_l2",
            "random_direction", "random_in_ball", "single_step_bisect", "single_step_exact"]

@@ -71,6 +71,15 @@ def exact_roots(p: torch.Tensor, q: torch.Tensor, v: torch.Tensor, s: torch.Tens
     return torch.where(s == 0, torch.zeros_like(r), r)
 
 
+BLOCKS = 10  # (E, chunk, m) float64/int64 blocks alive at once in the exact search (p, q, tau, sort, cumsums)
+
+
+def chunk_for(E: int, m: int, budget_bytes: float, blocks: int = BLOCKS) -> int:
+    """Examples per chunk so that ``blocks`` (E, chunk, m) 8-byte blocks fit ``budget_bytes``
+    (spec 003 §7 "Memory": a 1e5-wide net never materialises a larger n x m block); at least 1."""
+    return max(1, int(budget_bytes // (8 * blocks * max(E, 1) * max(m, 1))))
+
+
 def single_step_exact(net: TwoLayer, X: torch.Tensor, *, chunk: int = 512) -> StepResult:
     """The exact minimal flipping step for every example of X (E,n,d) against E nets (spec 003 §2.7).
     ``chunk`` examples at a time bound the (E, chunk, m) blocks (about 8 float64/int64 of them)."""

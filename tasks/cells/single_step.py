@@ -59,7 +59,7 @@ def attack(W, b, v, W0, Xt, yt, n_test, V_nominal, cells: list[dict], chunk: int
         "correct": (yt * r.f > 0).double(), "delta_deepfool": delta_df,
     }
     vals = {k: torch.where(mask, x.double(), torch.full_like(x.double(), float("nan"))) for k, x in vals.items()}
-    med = {k: _median(vals[k], mask) for k in ("delta_rel", "eta_star", "eta_rel", "gnorm", "rho", "t_ratio")}
+    med = {k: _median(vals[k], mask) for k in ("delta_rel", "eta_star", "eta_rel", "gnorm", "rho", "t_ratio", "t_thm")}
     flip = (torch.isfinite(t) & mask).double().sum(1) / n_test.double()
     out = []
     for e in range(E):
