@@ -50,7 +50,7 @@ def _panels(ds: xr.Dataset, out: pathlib.Path, prefix: str, by: str, fixed: dict
     """One figure per quantity: x = d, one line per value of ``by``, at ``fixed`` coordinates."""
     sub = ds.sel(fixed) if fixed else ds
     paths = []
-    raw = "variant" in fixed and fixed["variant"] == "raw"
+    raw = fixed.get("variant") == "raw"
     for var in ("med_delta_rel", "med_gnorm", "med_eta_rel" if raw else "med_eta_star"):
         da = _mean(sub, var, ("d", by))
         d = da["d"].values.astype(float)
@@ -81,16 +81,24 @@ def _fixed(ds: xr.Dataset, **want) -> dict:
     return out
 
 
+def slices(ds: xr.Dataset) -> list[dict]:
+    """One selection per (variant, data) the group holds (figures and rows never pool them)."""
+    import itertools
+
+    dims = [dim for dim in ("variant", "data") if dim in ds.dims]
+    return [dict(zip(dims, vals)) for vals in itertools.product(*(list(ds[dim].values) for dim in dims))]
+
+
 def single_step_figures(ds: xr.Dataset, out: pathlib.Path, prefix: str) -> list[pathlib.Path]:
     if "d" not in ds.dims or ds.sizes["d"] < 2:
         return []
     paths = []
-    variants = list(ds["variant"].values) if "variant" in ds.dims else [None]
-    for v in variants:
-        base = {"variant": v} if v is not None else {}
+    for base in slices(ds):
+        v = base.get("variant")
         name = {"raw": ("fig2", "fig3"), "unit": ("fig5", "fig6")}.get(v, ("fig2-5", "fig3-6"))
-        fixed = dict(base, **_fixed(ds, data=None, method="single_step_exact"))
-        fixed = {k: x for k, x in fixed.items() if x is not None}
+        if "data" in base:
+            name = tuple(f"{n}_{base['data']}" for n in name)
+        fixed = dict(base, **_fixed(ds, method="single_step_exact"))
         if "m" in ds.dims:
             paths += _panels(ds, out, prefix, "m", dict(fixed, **_fixed(ds, C0=10.0)), name[0])
         if "C0" in ds.dims and ds.sizes["C0"] > 1:
@@ -147,7 +155,7 @@ def pgd_figures(ds: xr.Dataset, out: pathlib.Path, prefix: str) -> list[pathlib.
 def histograms(ds: xr.Dataset, out: pathlib.Path, prefix: str = "", sel: dict | None = None) -> list[pathlib.Path]:
     """Fig 7 (spec §4, E3): histograms of ||δ*||, ||∇f|| and |η*| over test points and seeds of the
     full ``single_step`` group ``ds`` at ``sel`` (default d = 784, m = 1e5, C0 = 10 where present)."""
-    sel = sel if sel is not None else _fixed(ds, d=784, m=100000, C0=10.0)
+    sel = sel if sel is not None else _fixed(ds, d=784, m=100000, C0=10.0, variant="raw", data="mnist")
     sub = ds.sel(sel)
     paths = []
     for var, lab in (("delta_rel", "||δ*||/||x||"), ("gnorm", "||∇f(x)||"), ("eta_star", "|η*|")):

@@ -144,10 +144,38 @@ def test_report_draws_paper003_figures_and_acceptance_rows(ran, tmp_path):
 
     paths = report(ran / "s.zarr", tmp_path)
     names = {p.name for p in paths}
-    assert {"flips_fig3-6_med_delta_rel.png", "flips_fig3-6_med_gnorm.png", "robust_rta_vs_R.png"} <= names
+    assert {"flips_fig3-6_mnist_med_delta_rel.png", "flips_fig3-6_digits_med_gnorm.png", "robust_rta_vs_R.png",
+            "flips_fig7_delta_rel.png", "flips_fig7_eta_star.png"} <= names
     rows = acceptance_003.acceptance(load_scalars(open_results(ran / "s.zarr", "flips")))
     assert {r.spec_id for r in rows} == {"E1", "E2", "E3"}
     e2 = [r for r in rows if r.criterion.startswith("med_gnorm increases")]
     assert len(e2) == 1 and 0.0 <= e2[0].value <= 1.0
     hist = lazy.histograms(open_results(ran / "s.zarr", "flips").load(), tmp_path, "h_", sel={"data": "mnist"})
     assert len(hist) == 3 and all(p.stat().st_size > 0 for p in hist)
+
+
+def _synthetic_pgd(dims: dict, rta) -> "xr.Dataset":
+    import xarray as xr
+
+    shape = tuple(len(v) for v in dims.values())
+    grid = np.meshgrid(*dims.values(), indexing="ij")
+    values = rta(*grid)
+    return xr.Dataset({"rta": (tuple(dims), values), "done": (tuple(dims), np.ones(shape, dtype=bool))},
+                      coords=dims)
+
+
+def test_E4_E5_acceptance_recovers_planted_boundaries():
+    """RTA planted as a step at R = 5/√d (E4) and at V = 25/√m (E5): the rows fit 5 and 25 back."""
+    from analysis import acceptance_003
+
+    R = np.round(np.arange(0.05, 1.0001, 0.05), 2)
+    d = np.array([k * k for k in range(5, 29)])
+    e4 = _synthetic_pgd({"d": d, "R": R, "seed": [0, 1]}, lambda d, R, s: (R < 5 / np.sqrt(d)).astype(float))
+    slope, const = [r for r in acceptance_003.acceptance(e4) if r.spec_id == "E4"]
+    assert slope.passed and abs(slope.value + 0.5) < 0.1
+    assert const.passed and 4.0 < const.value < 6.0
+    V = np.round(np.arange(0.05, 1.0001, 0.05), 2)
+    m = np.array([1000, 2000, 5000, 10000])
+    e5 = _synthetic_pgd({"m": m, "V": V, "seed": [0]}, lambda m, V, s: (V > 25 / np.sqrt(m)).astype(float))
+    row = [r for r in acceptance_003.acceptance(e5) if r.spec_id == "E5"][0]
+    assert row.passed and 20 < row.value < 30
