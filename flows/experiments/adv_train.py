@@ -9,6 +9,8 @@ import time
 
 from flows.experiments import Experiment, Param, Var, register
 from flows.experiments import lazy_train as lazy
+from flows.bundles import memory_budget
+from tasks.attacks import chunk_for
 from tasks.cells import adv_train as cell_fn
 
 P = {
@@ -65,7 +67,9 @@ def bundle_key(cell: dict) -> tuple:
 def run_bundle(cells: list[dict], device: str = "auto") -> list[dict]:
     t0 = time.perf_counter()
     X, y, Xt, yt = lazy.load_data(cells[0])
-    out = cell_fn.run(cells, X, y, Xt, yt, lazy.device_of(device))
+    dev = lazy.device_of(device)
+    chunk = chunk_for(len(cells), cells[0]["m"], memory_budget(dev.type, 1), 6)  # spec §7: chunk the PGD
+    out = cell_fn.run(cells, X, y, Xt, yt, dev, chunk=min(chunk, 4096))
     wall = (time.perf_counter() - t0) / len(cells)
     for res in out:
         res["wall_s"] = wall

@@ -11,7 +11,11 @@ import torch
 
 from core.errors import UserError
 from flows.experiments import Experiment, Param, Var, register
+from flows.bundles import memory_budget
+from tasks.attacks import chunk_for
 from tasks.cells import pgd as cell_fn
+
+PGD_BLOCKS = 6  # (E, chunk, m) blocks alive in one PGD step (pre-activations, mask, products)
 
 P = {
     "budget": Param(str, "train", "train: attack at the upstream net's training R (R_train); given: at R",
@@ -25,7 +29,8 @@ P = {
     "clip": Param(str, "none", "box after each step: none (unit-norm rows are not images) or unit_box [0,1]",
                   choices=("none", "unit_box")),
     "attack_seed": Param(int, 0, "seed of the random starts", min=0, max=2**31),
-    "chunk": Param(int, 2048, "test points per chunk", min=1, max=10**6),
+    "chunk": Param(int, 0, "test points per chunk; 0: as many as half the free memory allows (spec §7)", min=0,
+                   max=10**6),
 }
 V = {
     "rta": Var("1", "robust test accuracy: y f(x_adv) > 0 at the final PGD iterate (the paper's)", finite=True),
@@ -49,7 +54,9 @@ def run_bundle(cells: list[dict], device: str = "auto", inputs=None) -> list[dic
         R = ex["R_train"].double().reshape(-1)
     else:
         R = torch.tensor([float(c["R"]) for c in cells], dtype=torch.float64)
-    out = cell_fn.attack(n.W, n.b, n.v, ex["X_test"], ex["y_test"], ex["n_test_used"].long(), R, cells)
+    chunk = cells[0]["chunk"] or chunk_for(len(cells), int(n.W.shape[1]), memory_budget("cpu", 1), PGD_BLOCKS)
+    out = cell_fn.attack(n.W, n.b, n.v, ex["X_test"], ex["y_test"], ex["n_test_used"].long(), R,
+                         [dict(c, chunk=chunk) for c in cells])
     wall = (time.perf_counter() - t0) / len(cells)
     for res in out:
         res["wall_s"] = wall

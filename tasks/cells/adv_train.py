@@ -15,8 +15,9 @@ from tasks.train import projected_adv_train
 
 
 def run(cells: list[dict], X: torch.Tensor, y: torch.Tensor, Xt: torch.Tensor, yt: torch.Tensor,
-        device: torch.device) -> list[dict]:
-    """X (n,d), y (n), Xt, yt float64 prepared rows; cells share (data, variant, d, m, T1_max, ...)."""
+        device: torch.device, chunk: int = 4096) -> list[dict]:
+    """X (n,d), y (n), Xt, yt float64 prepared rows; cells share (data, variant, d, m, T1_max, ...);
+    ``chunk`` training points per PGD chunk."""
     c0 = cells[0]
     dtype = getattr(torch, c0["dtype"])
     d, m = c0["d"], c0["m"]
@@ -27,7 +28,7 @@ def run(cells: list[dict], X: torch.Tensor, y: torch.Tensor, Xt: torch.Tensor, y
     run_ = projected_adv_train(W0, v, b0, X.to(device, dtype), y.to(device, dtype), V, R, gens,
                                T1_max=c0["T1_max"], T2=c0["T2_train"] or c0["T2"], beta=c0["beta"],
                                batch_size=c0["batch_size"], reduction=c0["reduction"], projection=c0["projection"],
-                               patience=c0["patience"])
+                               patience=c0["patience"], chunk=chunk)
     cpu = lambda t: t.detach().to("cpu", torch.float64)  # noqa: E731
     W0, v, b0, U = cpu(W0), cpu(v), cpu(b0), cpu(run_.U)
     net = TwoLayer(W0 + U, b0, v)
