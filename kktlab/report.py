@@ -8,18 +8,20 @@ import pathlib
 from typing import Callable
 
 from analysis import acceptance as acc
-from storage.query import groups, provenance, stage_scalars, status
+from storage.query import groups, open_results, provenance, stage_scalars, status
 
 # experiment -> module in analysis/ with ``figures(ds, out_dir, prefix) -> [paths]`` (and optionally
 # ``notes(ds) -> [markdown lines]``: seeds per point, cells left out)
 # (a reading stage's group comes with its upstream's per-cell numbers: storage.query.stage_scalars)
 FIGURES = {"nonrobust": "analysis.nonrobust", "universal_attack": "analysis.nonrobust",
-           "forging": "analysis.forging", "forging_sgd": "analysis.forging_sgd", "unlearn": "analysis.unlearn"}
+           "forging": "analysis.forging", "forging_sgd": "analysis.forging_sgd", "unlearn": "analysis.unlearn",
+           "single_step": "analysis.lazy", "pgd": "analysis.lazy"}
 # experiment -> module in analysis/ with ``acceptance(ds) -> [analysis.acceptance.Row]``
 ACCEPTANCE = {"nonrobust": "analysis.acceptance_002", "universal_attack": "analysis.acceptance_002",
-              "forging": "analysis.acceptance_000", "unlearn": "analysis.acceptance_001"}
+              "forging": "analysis.acceptance_000", "unlearn": "analysis.acceptance_001",
+              "single_step": "analysis.acceptance_003", "pgd": "analysis.acceptance_003"}
 # producing stages whose numbers are drawn with the stages that read them
-DRAWN_BY_READERS = ("train", "train_kkt")
+DRAWN_BY_READERS = ("train", "train_kkt", "lazy_train", "adv_train")
 
 
 def acceptance_rows(ds) -> list[acc.Row]:
@@ -58,6 +60,8 @@ def report(store: str | pathlib.Path, out: str | pathlib.Path,
             continue
         module = importlib.import_module(FIGURES[exp])
         figs = module.figures(ds, out, prefix=f"{g}_")
+        if hasattr(module, "sample_figures"):  # figures from per-sample variables (paper 003 Fig 7)
+            figs += module.sample_figures(open_results(store, g), out, prefix=f"{g}_")
         notes = module.notes(ds) if hasattr(module, "notes") else []
         if notes:
             lines += ["### Seeds per point", "", *notes]

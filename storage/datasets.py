@@ -1,16 +1,33 @@
-"""Real data sets read from the shared folder (never copied into the repo): MNIST, CIFAR-10.
+"""Real data sets read from the shared folder (never copied into the repo): MNIST, CIFAR-10, and
+scikit-learn's bundled digits.
 
 The only place that reads data files or ``$KKTLAB_DATA``; the maths in ``tasks/`` gets tensors.
+MNIST files are checked against the folder's ``SHA256SUMS`` and their IDX headers before use: a
+missing or corrupt file stops with one line naming the file and what to do.
 """
 
 from __future__ import annotations
 
+import functools
 import gzip
+import hashlib
 import os
 import pathlib
 
 import numpy as np
 import torch
+
+from core.errors import UserError
+
+MNIST_FILES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
+               "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")
+# spec 003 §2.5: the binary 0-vs-1 subset has exactly these counts (digit 0, digit 1)
+MNIST01_COUNTS = {"train": (5923, 6742), "test": (980, 1135)}
+DIGITS01_COUNTS = (178, 182)  # spec 003 §5.3
+
+
+class DataError(UserError):
+    """A data file is missing, corrupt or not what the loader expects."""
 
 
 def shared_data_dir() -> pathlib.Path:
@@ -26,13 +43,94 @@ def _idx(path: pathlib.Path, offset: int) -> np.ndarray:
         return np.frombuffer(f.read(), np.uint8, offset=offset)
 
 
+def _sha256(path: pathlib.Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+@functools.lru_cache(maxsize=8)
+def _verified(path: str, size: int, mtime: float) -> str:
+    """The file's SHA-256 (cached per path, size and mtime: a changed file is hashed again)."""
+    return _sha256(pathlib.Path(path))
+
+
+def check_mnist(root: pathlib.Path) -> dict[str, str]:
+    """Check every MNIST file of ``root`` against ``root/SHA256SUMS``; returns name -> sha256.
+    Raises :class:`DataError` naming the file when one is missing, unlisted or corrupt."""
+    sums_path = root / "SHA256SUMS"
+    if not sums_path.is_file():
+        raise DataError(f"MNIST checksum list {sums_path} is missing; the shared data folder should hold "
+                        "SHA256SUMS beside the IDX files (set KKTLAB_DATA to the data folder)")
+    sums = {}
+    for line in sums_path.read_text().splitlines():
+        parts = line.split()
+        if len(parts) == 2:
+            sums[parts[1].lstrip("*")] = parts[0].lower()
+    out = {}
+    for name in MNIST_FILES:
+        path = root / name
+        if not path.is_file():
+            raise DataError(f"MNIST file {path} is missing (expected the four original IDX .gz files in {root}; "
+                            "set KKTLAB_DATA to the data folder)")
+        if name not in sums:
+            raise DataError(f"MNIST file {name} has no checksum in {sums_path}")
+        st = path.stat()
+        got = _verified(str(path), st.st_size, st.st_mtime)
+        if got != sums[name]:
+            raise DataError(f"MNIST file {path} is corrupt: sha256 {got[:16]}... differs from SHA256SUMS "
+                            f"{sums[name][:16]}...; copy the file again from the shared data folder")
+        out[name] = got
+    return out
+
+
 def mnist(split: str = "train", root: pathlib.Path | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """MNIST images in [0,1] as (n, 784) float64 and labels (n,) int64."""
+    """MNIST images in [0,1] as (n, 784) float64 and labels (n,) int64 (files checked first)."""
     root = (root or shared_data_dir()) / "mnist"
+    check_mnist(root)
     pre = "train" if split == "train" else "t10k"
-    x = _idx(root / f"{pre}-images-idx3-ubyte.gz", 16).reshape(-1, 784)
-    y = _idx(root / f"{pre}-labels-idx1-ubyte.gz", 8)
+    try:
+        x = _idx(root / f"{pre}-images-idx3-ubyte.gz", 16).reshape(-1, 784)
+        y = _idx(root / f"{pre}-labels-idx1-ubyte.gz", 8)
+    except (OSError, EOFError, ValueError) as err:
+        raise DataError(f"MNIST {split} files in {root} cannot be read as IDX: {err}") from None
+    if len(x) != len(y):
+        raise DataError(f"MNIST {split} files in {root}: {len(x)} images but {len(y)} labels")
     return torch.from_numpy(x.astype(np.float64) / 255.0), torch.from_numpy(y.astype(np.int64))
+
+
+def mnist01(split: str = "train", root: pathlib.Path | None = None) -> tuple[torch.Tensor, torch.Tensor, str]:
+    """Binary MNIST 0 vs 1 (spec 003 §2.5): images (n, 28, 28) float64 in [0,1], labels (n,) in
+    {-1, +1} (digit 1 -> +1, digit 0 -> -1, spec 003 §6 #8), in file order, and the SHA-256 of the
+    images file they came from. Asserts the paper's counts (12665 train, 2115 test)."""
+    x, lab = mnist(split, root)
+    keep = (lab == 0) | (lab == 1)
+    counts = (int((lab == 0).sum()), int((lab == 1).sum()))
+    if counts != MNIST01_COUNTS[split]:
+        raise DataError(f"MNIST {split}: {counts[0]} zeros and {counts[1]} ones, expected "
+                        f"{MNIST01_COUNTS[split]} (spec 003 §2.5); the files are not the standard MNIST")
+    pre = "train" if split == "train" else "t10k"
+    sha = check_mnist((root or shared_data_dir()) / "mnist")[f"{pre}-images-idx3-ubyte.gz"]
+    return x[keep].reshape(-1, 28, 28), (lab[keep] * 2 - 1).double(), sha
+
+
+def digits01() -> tuple[torch.Tensor, torch.Tensor]:
+    """scikit-learn's bundled digits, 0 vs 1 (spec 003 §5.3): images (360, 8, 8) float64 in [0,1]
+    (values / 16), labels in {-1, +1} (1 -> +1), in the data set's order."""
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError as err:
+        raise DataError(f"the digits data set needs scikit-learn ({err})") from None
+    ds = load_digits()
+    keep = (ds.target == 0) | (ds.target == 1)
+    x = torch.from_numpy(ds.images[keep].astype(np.float64) / 16.0)
+    y = torch.from_numpy(ds.target[keep].astype(np.int64))
+    if (int((y == 0).sum()), int((y == 1).sum())) != DIGITS01_COUNTS:
+        raise DataError(f"sklearn digits 0/1: counts {(int((y == 0).sum()), int((y == 1).sum()))}, "
+                        f"expected {DIGITS01_COUNTS}")
+    return x, (y * 2 - 1).double()
 
 
 def cifar10(split: str = "train", root: pathlib.Path | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -19,6 +19,10 @@ from core.errors import StoreError
 from storage import schema
 
 ARRAYS = ("W", "b", "v", "X", "y")
+# Optional per-cell variables a producing stage may store beside the nets (paper 003's lazy_train
+# and adv_train: the init W0, a test set, the training budget); loaded into ``Nets.extra`` when the
+# group has them, cut along hidden/feature like W.
+EXTRAS = ("W0", "X_test", "y_test", "n_test_used", "R_train", "V_train")
 
 
 @dataclasses.dataclass
@@ -44,6 +48,9 @@ class Nets:
     cells: list[dict]
     problems: list[str]
     hashes: list[int] = dataclasses.field(default_factory=list)  # each cell's cell_hash (-1: none recorded)
+    # name -> (E, ...) tensor of the optional EXTRAS the group stores; extra_dims: name -> its extra dims
+    extra: dict = dataclasses.field(default_factory=dict)
+    extra_dims: dict = dataclasses.field(default_factory=dict)
 
     def select(self, idx: list[int]) -> "Nets":
         """The nets at positions ``idx``, cut again to their own largest sizes."""
@@ -53,10 +60,16 @@ class Nets:
         d = max([int(self.d[i]) for i in idx if not self.problems[i]] or [1])
         m = max([int(self.m[i]) for i in idx if not self.problems[i]] or [1])
         t = torch.tensor(idx, dtype=torch.long)
+        extra = {n: a[t][(slice(None),) + _cut(self.extra_dims[n], k, d)] for n, a in self.extra.items()}
         return Nets(self.W[t, :k, :d], self.b[t, :k], self.v[t, :k], self.X[t, :m, :d], self.y[t, :m],
                     self.mask[t, :m], self.d[t], self.m[t], self.width[t], self.rng_state[t],
                     [self.cells[i] for i in idx], [self.problems[i] for i in idx],
-                    [self.hashes[i] for i in idx] if self.hashes else [])
+                    [self.hashes[i] for i in idx] if self.hashes else [], extra, dict(self.extra_dims))
+
+
+def _cut(names, k: int, d: int) -> tuple:
+    """Slices of an extra variable's own dims: hidden to k, feature to d, the rest whole."""
+    return tuple(slice(0, {"hidden": k, "feature": d}.get(n)) for n in names)
 
 
 def _problem(g: zarr.Group, idx: tuple, label: str) -> str:
@@ -103,9 +116,19 @@ def load_nets_at(path: str | pathlib.Path, group: str, indices: list[tuple[int, 
         if not all(np.isfinite(out[n][e]).all() for n in ARRAYS):
             problems[e] = f"upstream cell ({labels[e]}) has non-finite stored nets"
     hashes = [int(g[schema.CELL_HASH][tuple(idx)]) if schema.CELL_HASH in g else schema.NO_HASH for idx in indices]
+    extra, extra_dims = {}, {}
+    for name in (n for n in EXTRAS if n in g):
+        own = tuple(g[name].metadata.dimension_names[len(dims):])
+        cut = _cut(own, K, D)
+        shape = tuple(len(range(*c.indices(s))) for c, s in zip(cut, g[name].shape[len(dims):]))
+        a = np.zeros((E, *shape))
+        for e in ok:
+            a[e] = g[name][tuple(indices[e]) + cut]
+        extra[name], extra_dims[name] = torch.from_numpy(a), own
     t = {n: torch.from_numpy(a) for n, a in out.items()}
     return Nets(t["W"], t["b"], t["v"], t["X"], t["y"], mask, torch.from_numpy(size["d_used"]), m,
-                torch.from_numpy(size["width_used"]), torch.from_numpy(rng), cells, problems, hashes)
+                torch.from_numpy(size["width_used"]), torch.from_numpy(rng), cells, problems, hashes,
+                extra, extra_dims)
 
 
 def select_indices(path: str | pathlib.Path, group: str, sel: dict) -> list[tuple[int, ...]]:

@@ -1,0 +1,195 @@
+"""Figures of paper 003 from a store (spec 003 §4): Figs 2/3/5/6 from a ``single_step`` group
+(per-cell medians over test points, mean over seeds; the G-shape fit and G-init curves of §3.6 in
+green), Fig 4 left/right from a ``pgd`` group, Fig 7 histograms from the per-sample variables
+(:func:`histograms`, given the full group: the report passes scalars only)."""
+
+from __future__ import annotations
+
+import pathlib
+
+import numpy as np
+import xarray as xr
+
+from analysis.common import finish, plt
+from storage.query import usable
+
+SLOPE = {"med_delta_rel": -0.5, "med_gnorm": 0.5, "med_eta_star": -1.0, "med_eta_rel": -1.0}
+LABEL = {"med_delta_rel": "||δ*||/||x||", "med_gnorm": "||∇f(x)||", "med_eta_star": "|η*|", "med_eta_rel": "|η*|/||x||"}
+
+
+def _mean(ds: xr.Dataset, var: str, keep: tuple[str, ...]) -> xr.DataArray:
+    """``var`` on usable cells, averaged over every dim but ``keep``; other non-seed dims must be
+    single-valued or are averaged too (noted by the caller)."""
+    da = ds[var].where(usable(ds)).where(np.isfinite(ds[var]))
+    return da.mean([dim for dim in da.dims if dim not in keep], skipna=True)
+
+
+def g_shape(d: np.ndarray, y: np.ndarray, alpha: float) -> float:
+    """c of ``y = c d^α`` at fixed α: ``exp(mean(log y - α log d))`` (spec §3.6 G-shape)."""
+    ok = np.isfinite(y) & (y > 0)
+    return float(np.exp(np.mean(np.log(y[ok]) - alpha * np.log(d[ok])))) if ok.any() else float("nan")
+
+
+def free_slope(d: np.ndarray, y: np.ndarray) -> float:
+    ok = np.isfinite(y) & (y > 0)
+    return float(np.polyfit(np.log(d[ok]), np.log(y[ok]), 1)[0]) if ok.sum() >= 2 else float("nan")
+
+
+def _g_init(var: str, d: np.ndarray):
+    """Parameter-free references at init (spec §3.5): (label, values) pairs."""
+    if var == "med_gnorm":
+        return [("init √(d/2)", np.sqrt(d / 2)), ("B.7 √d/4", np.sqrt(d) / 4)]
+    if var == "med_delta_rel":
+        return [("init √(2/(πd))", np.sqrt(2 / (np.pi * d)))]
+    if var == "med_eta_star":
+        return [("init 1.128/d", 1.128 / d)]
+    return []
+
+
+def _panels(ds: xr.Dataset, out: pathlib.Path, prefix: str, by: str, fixed: dict, tag: str) -> list[pathlib.Path]:
+    """One figure per quantity: x = d, one line per value of ``by``, at ``fixed`` coordinates."""
+    sub = ds.sel(fixed) if fixed else ds
+    paths = []
+    raw = fixed.get("variant") == "raw"
+    for var in ("med_delta_rel", "med_gnorm", "med_eta_rel" if raw else "med_eta_star"):
+        da = _mean(sub, var, ("d", by))
+        d = da["d"].values.astype(float)
+        fig, ax = plt.subplots(figsize=(4.2, 3.4))
+        for val in da[by].values:
+            ax.loglog(d, da.sel({by: val}).values, "o-", label=f"{by} = {val:g}")
+        top = da.sel({by: da[by].values.max()}).values
+        c = g_shape(d, top, SLOPE[var])
+        ax.loglog(d, c * d ** SLOPE[var], "g--", label=f"G-shape {c:.3g} d^{SLOPE[var]:g}")
+        for lab, y in _g_init(var, d):
+            ax.loglog(d, y, "g:", label=lab)
+        if var == "med_eta_star" and "med_t_thm" in sub:  # G-plugin: the theorem's step 2|f|/((1-ρ)||∇f||²)
+            plug = _mean(sub, "med_t_thm", ("d", by)).sel({by: da[by].values.max()}).values
+            ax.loglog(d, plug, "g-.", label="G-plugin (median t_thm)")
+        ax.set_xlabel("d")
+        ax.set_ylabel(LABEL[var] + " (median over test points)")
+        paths.append(finish(fig, ax, out / f"{prefix}{tag}_{var}.png", f"{tag}: {LABEL[var]} vs d"))
+    return paths
+
+
+def _fixed(ds: xr.Dataset, **want) -> dict:
+    """Coordinates to select: the wanted value where the dim has it, else its first value."""
+    out = {}
+    for dim, value in want.items():
+        if dim in ds.dims:
+            vals = list(ds[dim].values)
+            out[dim] = value if value in vals else vals[0]
+    return out
+
+
+def slices(ds: xr.Dataset) -> list[dict]:
+    """One selection per (variant, data) the group holds (figures and rows never pool them)."""
+    import itertools
+
+    dims = [dim for dim in ("variant", "data") if dim in ds.dims]
+    return [dict(zip(dims, vals)) for vals in itertools.product(*(list(ds[dim].values) for dim in dims))]
+
+
+def single_step_figures(ds: xr.Dataset, out: pathlib.Path, prefix: str) -> list[pathlib.Path]:
+    if "d" not in ds.dims or ds.sizes["d"] < 2:
+        return []
+    paths = []
+    for base in slices(ds):
+        v = base.get("variant")
+        name = {"raw": ("fig2", "fig3"), "unit": ("fig5", "fig6")}.get(v, ("fig2-5", "fig3-6"))
+        if "data" in base:
+            name = tuple(f"{n}_{base['data']}" for n in name)
+        fixed = dict(base, **_fixed(ds, method="single_step_exact"))
+        if "m" in ds.dims:
+            paths += _panels(ds, out, prefix, "m", dict(fixed, **_fixed(ds, C0=10.0)), name[0])
+        if "C0" in ds.dims and ds.sizes["C0"] > 1:
+            paths += _panels(ds, out, prefix, "C0", dict(fixed, **_fixed(ds, m=int(ds["m"].max()) if "m" in ds.dims
+                                                                            else None)), name[1])
+    return paths
+
+
+def threshold(x: np.ndarray, rta: np.ndarray, level: float = 0.5) -> float:
+    """First x where ``rta`` falls through ``level`` (linear interpolation); NaN if it never does."""
+    for i in range(1, len(x)):
+        if rta[i - 1] >= level > rta[i]:
+            return float(x[i - 1] + (rta[i - 1] - level) * (x[i] - x[i - 1]) / (rta[i - 1] - rta[i]))
+    return float("nan")
+
+
+def pgd_figures(ds: xr.Dataset, out: pathlib.Path, prefix: str) -> list[pathlib.Path]:
+    paths = []
+    if "R" in ds.dims and "d" in ds.dims:  # Fig 4 left
+        da = _mean(ds, "rta", ("d", "R"))
+        fig, ax = plt.subplots(figsize=(4.6, 3.6))
+        im = ax.pcolormesh(np.sqrt(da["d"].values), da["R"].values, da.transpose("R", "d").values, vmin=0, vmax=1,
+                           shading="nearest")
+        k = np.sqrt(da["d"].values.astype(float))
+        ax.plot(k, 5 / k, "g--", label="5/√d")
+        fig.colorbar(im, ax=ax, label="robust test accuracy")
+        ax.set_xlabel("√d")
+        ax.set_ylabel("||δ||")
+        paths.append(finish(fig, ax, out / f"{prefix}fig4_left.png", "Fig 4 left: RTA over (d, ||δ||)"))
+    if "V" in ds.dims and "m" in ds.dims:  # Fig 4 right
+        da = _mean(ds, "rta", ("m", "V"))
+        fig, ax = plt.subplots(figsize=(4.6, 3.6))
+        im = ax.pcolormesh(da["m"].values, da["V"].values, da.transpose("V", "m").values, vmin=0, vmax=1,
+                           shading="nearest")
+        m = da["m"].values.astype(float)
+        ax.plot(m, 25 / np.sqrt(m), "g--", label="25/√m")
+        ax.set_xscale("log")
+        fig.colorbar(im, ax=ax, label="robust test accuracy")
+        ax.set_xlabel("m")
+        ax.set_ylabel("V")
+        paths.append(finish(fig, ax, out / f"{prefix}fig4_right.png", "Fig 4 right: RTA over (m, V)"))
+    if "R" in ds.dims and not paths:  # RTA against R (CI-size stores)
+        da = _mean(ds, "rta", tuple(x for x in ("R", "V") if x in ds.dims))
+        fig, ax = plt.subplots(figsize=(4.2, 3.4))
+        for v in (da["V"].values if "V" in da.dims else [None]):
+            y = da.sel(V=v).values if v is not None else da.values
+            ax.plot(da["R"].values, y, "o-", label=f"V = {v:g}" if v is not None else "")
+        ax.set_xlabel("||δ||")
+        ax.set_ylabel("robust test accuracy")
+        paths.append(finish(fig, ax, out / f"{prefix}rta_vs_R.png", "robust test accuracy vs budget"))
+    return paths
+
+
+def histograms(ds: xr.Dataset, out: pathlib.Path, prefix: str = "", sel: dict | None = None) -> list[pathlib.Path]:
+    """Fig 7 (spec §4, E3): histograms of ||δ*||, ||∇f|| and |η*| over test points and seeds of the
+    full ``single_step`` group ``ds`` at ``sel`` (default d = 784, m = 1e5, C0 = 10 where present)."""
+    sel = sel if sel is not None else _fixed(ds, d=784, m=100000, C0=10.0, variant="raw", data="mnist")
+    sub = ds.sel(sel)
+    paths = []
+    for var, lab in (("delta_rel", "||δ*||/||x||"), ("gnorm", "||∇f(x)||"), ("eta_star", "|η*|")):
+        x = sub[var].values.ravel()
+        x = x[np.isfinite(x)]
+        fig, ax = plt.subplots(figsize=(4.0, 3.2))
+        ax.hist(x, bins=40, label=f"median {np.median(x):.3g}" if len(x) else "")
+        ax.set_xlabel(lab)
+        paths.append(finish(fig, ax, out / f"{prefix}fig7_{var}.png", f"Fig 7: {lab} ({len(x)} points)"))
+    return paths
+
+
+def sample_figures(ds: xr.Dataset, out_dir, prefix: str = "") -> list[pathlib.Path]:
+    """Figures from the per-sample variables of the full group (``kktlab report`` calls it with
+    the group as stored): Fig 7 for a ``single_step`` group."""
+    if "delta_rel" not in ds or "test_sample" not in ds.dims:
+        return []
+    full = ds.where(usable(ds))
+    return histograms(full, pathlib.Path(out_dir), prefix)
+
+
+def figures(ds: xr.Dataset, out_dir, prefix: str = "") -> list[pathlib.Path]:
+    out = pathlib.Path(out_dir)
+    if "med_delta_rel" in ds:
+        return single_step_figures(ds, out, prefix)
+    if "rta" in ds:
+        return pgd_figures(ds, out, prefix)
+    return []
+
+
+def notes(ds: xr.Dataset) -> list[str]:
+    n = int(usable(ds).sum())
+    seeds = ds.sizes.get("seed", 1)
+    return [f"each point averages up to {seeds} seed(s) (per-cell medians over test points); {n} usable cells",
+            ""]
+
+

@@ -1,0 +1,76 @@
+"""Experiment ``pgd`` (paper 003 §5.2, Fig 4; spec 003 §2.8, §2.10; E4, E5, X1, X3): robust test
+accuracy of the nets an ``adv_train`` (or ``lazy_train``) stage stored, under PGD-l2 with the
+paper's step ``2.5 R/T2``. By default each net is attacked at the budget it was trained with
+(spec §6 #21). Declaration and wiring only (``tasks/cells/pgd.py``)."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from core.errors import UserError
+from flows.experiments import Experiment, Param, Var, register
+from flows.bundles import memory_budget
+from tasks.attacks import chunk_for
+from tasks.cells import pgd as cell_fn
+
+PGD_BLOCKS = 6  # (E, chunk, m) blocks alive in one PGD step (pre-activations, mask, products)
+
+P = {
+    "budget": Param(str, "train", "train: attack at the upstream net's training R (R_train); given: at R",
+                    choices=("train", "given")),
+    "R": Param(float, 0.2, "PGD budget ||delta|| when budget is 'given'", min=0),
+    "T2": Param(int, 100, "PGD steps (paper: 100)", min=1, max=10**5),
+    "alpha_factor": Param(float, 2.5, "step alpha = alpha_factor R/T2 (paper: 2.5)", gt=0),
+    "restarts": Param(int, 1, "PGD runs; runs after the first start at a random point of the ball (X3)", min=1,
+                      max=1000),
+    "random_start": Param(bool, False, "random start in the first run too (spec §6 #20: none)"),
+    "clip": Param(str, "none", "box after each step: none (unit-norm rows are not images) or unit_box [0,1]",
+                  choices=("none", "unit_box")),
+    "attack_seed": Param(int, 0, "seed of the random starts", min=0, max=2**31),
+    "chunk": Param(int, 0, "test points per chunk; 0: as many as half the free memory allows (spec §7)", min=0,
+                   max=10**6),
+}
+V = {
+    "rta": Var("1", "robust test accuracy: y f(x_adv) > 0 at the final PGD iterate (the paper's)", finite=True),
+    "rta_strict": Var("1", "correct at x and every PGD iterate (spec §2.10)", finite=True),
+    "clean_acc": Var("1", "clean test accuracy", finite=True),
+    "R_used": Var("1", "the budget attacked with", finite=True),
+    "max_delta": Var("1", "largest ||x_adv - x|| (<= R)", finite=True),
+    "robust": Var("1", "1 if the test point stayed correct under every restart", dims=("test_sample",)),
+    "wall_s": Var("s", "bundle wall time divided by its cells", finite=True),
+}
+
+
+def run_bundle(cells: list[dict], device: str = "auto", inputs=None) -> list[dict]:
+    t0 = time.perf_counter()
+    n = inputs
+    ex = n.extra
+    if cells[0]["budget"] == "train":
+        if "R_train" not in ex:
+            raise UserError("pgd budget 'train' needs nets trained with a budget (adv_train); "
+                            "set budget: given and R for other nets")
+        R = ex["R_train"].double().reshape(-1)
+    else:
+        R = torch.tensor([float(c["R"]) for c in cells], dtype=torch.float64)
+    chunk = cells[0]["chunk"] or chunk_for(len(cells), int(n.W.shape[1]), memory_budget("cpu", 1), PGD_BLOCKS)
+    out = cell_fn.attack(n.W, n.b, n.v, ex["X_test"], ex["y_test"], ex["n_test_used"].long(), R,
+                         [dict(c, chunk=chunk) for c in cells])
+    wall = (time.perf_counter() - t0) / len(cells)
+    for res in out:
+        res["wall_s"] = wall
+    return out
+
+
+def bundle_key(cell: dict) -> tuple:
+    return tuple(sorted((k, v) for k, v in cell.items() if k != "R"))
+
+
+EXPERIMENT = register(Experiment(
+    name="pgd",
+    paper="003 Wang, Ullah, Mianjy, Arora: Adversarial robustness is at odds with lazy training",
+    description="robust test accuracy under PGD-l2 (step 2.5R/T2, projection every step) on stored nets (reads 'nets')",
+    params=P, variables=V, run_bundle=run_bundle, bundle_key=bundle_key, reads="nets",
+    summary=("rta", "rta_strict", "clean_acc", "R_used"), spec_ids=("E4", "E5", "X1", "X3"),
+))

@@ -1,0 +1,72 @@
+"""Experiment ``single_step`` (paper 003 §5.1 / App. A; spec 003 §2.7, §2.11; E1, E2, E3, X2, X6):
+reads the nets a ``lazy_train`` stage stored and measures, per test point, the exact minimal
+gradient step that flips the sign and every diagnostic of §2.11 (per-sample variables over the
+upstream's ``test_sample`` dim). Declaration and wiring only (``tasks/cells/single_step.py``)."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from flows.experiments import Experiment, Param, Var, register
+from flows.bundles import memory_budget
+from tasks.attacks import STEP_ATTACKS, chunk_for
+from tasks.cells import single_step as cell_fn
+
+P = {
+    "method": Param(str, "single_step_exact", "exact breakpoint sort (default) or its bisection oracle",
+                    choices=tuple(STEP_ATTACKS)),
+    "deepfool": Param(bool, False, "also run the DeepFool-style iterative linearisation (X3)"),
+    "chunk": Param(int, 0, "test points per chunk (bounds the E x chunk x m blocks); 0: as many as half the "
+                   "free memory allows", min=0, max=10**6),
+}
+DOC = {
+    "f": "f(x; W)", "f0": "f(x; W0)", "gnorm": "||grad_x f(x; W)||", "gnorm0": "||grad_x f(x; W0)||",
+    "eta_star": "|eta*| = t*: the smallest flipping step along -sign(f) grad f (inf: none)",
+    "t_lin": "|f|/||grad f||^2 (linearised step)", "t_ratio": "t*/t_lin",
+    "delta_rel": "||delta*||/||x|| = t* ||grad f||/||x||", "eta_rel": "t*/||x||", "x_norm": "||x||",
+    "rho": "||grad f(x+delta*) - grad f(x)||/||grad f(x)|| (Lemma B.9)", "C2_hat": "t* ||grad f||^2 (Thm 3.1's C2)",
+    "t_thm": "2|f|/((1-rho)||grad f||^2) (theorem's plug-in step, G-plugin; inf if rho >= 1)",
+    "n_flip_W": "#neurons whose sign at x differs between W and W0 (Lemma B.4)",
+    "n_margin_V": "#neurons with |w_s0 . x| <= V ||x|| (Lemma B.4 superset)",
+    "n_flip_delta": "#neurons whose sign changes between x and x + delta* (Lemma B.6)",
+    "correct": "1 if y f(x) > 0", "delta_deepfool": "||delta|| of DeepFool-style linearisation (NaN: not run)",
+}
+V = {k: Var("1", DOC[k], dims=("test_sample",)) for k in cell_fn.SAMPLE_VARS}
+V.update({f"med_{k}": Var("1", f"median over test points of {k}") for k in
+          ("delta_rel", "eta_star", "eta_rel", "gnorm", "rho", "t_ratio", "t_thm")})
+V["flip_frac"] = Var("1", "fraction of test points a positive step flips", finite=True)
+V["test_acc"] = Var("1", "clean test accuracy", finite=True)
+V["sqrt_d"] = Var("1", "sqrt of the net's input dimension", finite=True)
+V["wall_s"] = Var("s", "bundle wall time divided by its cells", finite=True)
+
+
+def run_bundle(cells: list[dict], device: str = "auto", inputs=None) -> list[dict]:
+    """``inputs``: the upstream nets (storage.nets.Nets with extras W0, X_test, y_test, n_test_used).
+    Float64 on the CPU (spec §7: fp64 cumulative sums; the CPU oracle)."""
+    t0 = time.perf_counter()
+    n = inputs
+    ex = n.extra
+    C0 = torch.tensor([float(c.get("C0", "nan")) for c in n.cells], dtype=torch.float64)
+    V_nom = C0 / torch.sqrt(n.width.double())
+    out = cell_fn.attack(n.W, n.b, n.v, ex["W0"], ex["X_test"], ex["y_test"], ex["n_test_used"].long(), V_nom,
+                         cells, cells[0]["chunk"] or chunk_for(len(cells), int(n.W.shape[1]), memory_budget("cpu", 1)))
+    wall = (time.perf_counter() - t0) / len(cells)
+    for res in out:
+        res["wall_s"] = wall
+    return out
+
+
+def bundle_key(cell: dict) -> tuple:
+    return tuple(sorted(cell.items()))
+
+
+EXPERIMENT = register(Experiment(
+    name="single_step",
+    paper="003 Wang, Ullah, Mianjy, Arora: Adversarial robustness is at odds with lazy training",
+    description="exact minimal single gradient step flipping sign f on stored lazy nets + §2.11 diagnostics (reads 'nets')",
+    params=P, variables=V, run_bundle=run_bundle, bundle_key=bundle_key, reads="nets",
+    summary=("test_acc", "flip_frac", "med_delta_rel", "med_gnorm", "med_eta_star"),
+    spec_ids=("E1", "E2", "E3", "X2", "X3", "X6"),
+))
