@@ -29,8 +29,8 @@ from tasks.cells.nonrobust import n_samples
 M_MAX = 10**8  # most training samples m (given, or round(d^alpha))
 P = {
     "data": Param(str, "sphere", "input distribution (spec §2.7, A11)", choices=tuple(data.DISTRIBUTIONS)),
-    "labels": Param(str, "random", "i.i.d. uniform labels (paper) or exactly balanced (theory regime)",
-                    choices=("random", "balanced")),
+    "labels": Param(str, "random", "i.i.d. uniform labels (paper) or exactly balanced (theory regime); "
+                    "sign_x1: balanced with y = sign(x_1) (paper 004 F004-1)", choices=("random", "balanced", "sign_x1")),
     "d": Param(int, 100, "input dimension", min=2, max=10**6),
     "alpha": Param(float, 1.0, "sample size m = round(d^alpha) when m is 0 (Fig. 1a)", gt=0, max=4),
     "m": Param(int, 0, "sample size; 0 means round(d^alpha)", min=0, max=M_MAX),

@@ -35,7 +35,8 @@ def build(cells: list[dict]):
     for e, c in enumerate(cells):
         m, d = n_samples(c), c["d"]
         g = data.seed_streams(c["seed"], salt=(d, m))
-        Xe, ye = data.synthetic(c["data"], m, d, g, balanced=c["labels"] == "balanced")
+        Xe, ye = data.synthetic(c["data"], m, d, g, balanced=c["labels"] == "balanced",
+                                sign_x1=c["labels"] == "sign_x1")
         X[e, :m, :d], y[e, :m], mask[e, :m] = Xe, ye, True
         stack.append(nets.init_two_layer(d, c["width"], g["init"], init_scale=c["init_scale"],
                                          d_pad=d_pad, k_pad=k_pad))
