@@ -12,9 +12,11 @@ from storage.query import groups, load_scalars, open_results, provenance, status
 
 # experiment -> module in analysis/ with ``figures(ds, out_dir, prefix) -> [paths]`` (and optionally
 # ``notes(ds) -> [markdown lines]``: seeds per point, cells left out)
-FIGURES = {"nonrobust": "analysis.nonrobust", "forging": "analysis.forging", "forging_sgd": "analysis.forging_sgd"}
+FIGURES = {"nonrobust": "analysis.nonrobust", "forging": "analysis.forging", "forging_sgd": "analysis.forging_sgd",
+           "reconstruct": "analysis.reconstruct"}
 # experiment -> module in analysis/ with ``acceptance(ds) -> [analysis.acceptance.Row]``
-ACCEPTANCE = {"nonrobust": "analysis.acceptance_002", "forging": "analysis.acceptance_000"}
+ACCEPTANCE = {"nonrobust": "analysis.acceptance_002", "forging": "analysis.acceptance_000",
+              "reconstruct": "analysis.acceptance_004"}
 
 
 def acceptance_rows(ds) -> list[acc.Row]:

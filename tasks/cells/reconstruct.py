@@ -34,22 +34,25 @@ def check_shapes(W, b, v, X, y, d, m, width) -> None:
         raise ValueError("upstream nets: d_used / width_used / m_used exceed the stored arrays (shape mismatch)")
 
 
-def run(W, b, v, X, y, mask, d, m, width, cells: list[dict]) -> list[dict]:
+def run(W, b, v, X, y, mask, d, m, width, cells: list[dict], device: str = "cpu") -> list[dict]:
     """W (E,k,d), b, v (E,k), X (E,m,d), y (E,m), mask (E,m), d, m, width (E,) as ``storage.nets.Nets``
     holds them (float64, zero padded); ``cells`` the rows' parameters (one init, objective,
-    candidate count, step count and box flag per bundle). Returns one dict of numbers per cell."""
+    candidate count, step count and box flag per bundle). The inits are drawn on the CPU, the attack
+    runs on ``device`` in float64. Returns one dict of numbers per cell."""
     check_shapes(W, b, v, X, y, d, m, width)
+    W, b, v, X, y, mask, d = (t.to(device) for t in (W, b, v, X, y, mask, d))
     c0 = cells[0]
     E, _, D = W.shape
     l = c0["n_candidates"]
-    dev_t = lambda key: torch.tensor([float(c[key]) for c in cells], dtype=torch.float64)  # noqa: E731
-    fmask = (torch.arange(D)[None, :] < d[:, None]).to(torch.float64)  # (E,D) the true features
+    dev_t = lambda key: torch.tensor([float(c[key]) for c in cells], dtype=torch.float64, device=device)  # noqa: E731
+    fmask = (torch.arange(D, device=device)[None, :] < d[:, None]).to(torch.float64)  # (E,D) the true features
     u = dev_t("shift")[:, None] * fmask
     b_att = shift.bias_transform(W, b, u)
     Xs = (X + u[:, None, :]) * mask[..., None].to(X.dtype)
     gens = [data.seed_streams(c["seed"], salt=(c["restart"],))["init"] for c in cells]
     x0, lam0 = atk.init_candidates(c0["init"], l, [int(t) for t in d], D, [c["radius"] for c in cells], gens)
-    yc = atk.candidate_labels(l).expand(E, l)
+    x0, lam0 = x0.to(device), lam0.to(device)
+    yc = atk.candidate_labels(l).to(device).expand(E, l)
     alpha = dev_t("alpha") if c0["surrogate"] else None
     lam_min = dev_t("lam_min")
     res = atk.optimise(W, b_att, v, x0, lam0, yc, lr_x=dev_t("lr_x"), lr_lam=dev_t("lr_lam"), alpha=alpha,
@@ -61,6 +64,7 @@ def run(W, b, v, X, y, mask, d, m, width, cells: list[dict]) -> list[dict]:
     res_exact = objective.residual_norm2(R).sqrt() / theta2.sqrt()
     sc = score.score_all(res.x, res.lam, Xs, mask, fmask, lam_min, c0["rho"])
     sc0 = score.score_all(x0, lam0, Xs, mask, fmask, lam_min, c0["rho"])
+    res, sc = _cpu(res), _cpu(sc)
     out = []
     for e, c in enumerate(cells):
         de, me = int(d[e]), int(m[e])
@@ -71,13 +75,20 @@ def run(W, b, v, X, y, mask, d, m, width, cells: list[dict]) -> list[dict]:
             "residual_exact_rel": float(res_exact[e]), "train_eps": float(eps / theta2[e].sqrt()),
             "score5": float(sc.score5[e]), "score10": float(sc.score10[e]),
             "score5_unique": float(sc.score5_unique[e]), "score5_active": float(sc.score5_active[e]),
-            "score5_init": float(sc0.score5[e]), "n_recovered": int(sc.n_recovered[e]),
+            "score5_init": float(sc0.score5[e].cpu()), "n_recovered": int(sc.n_recovered[e]),
             "objective_trace": res.trace[e].numpy(),
             "dist": sc.dist[e].numpy(), "nearest": sc.nearest[e].numpy(), "ncc": sc.ncc[e].numpy(),
             "lam": res.lam[e].numpy(), "cand_norm": res.x[e, :, :de].norm(dim=1).numpy(),
             "candidates": res.x[e, :, :de].numpy(),
         })
     return out
+
+
+def _cpu(obj):
+    """A result dataclass with every tensor moved to the CPU (for numpy)."""
+    import dataclasses
+
+    return dataclasses.replace(obj, **{f.name: getattr(obj, f.name).cpu() for f in dataclasses.fields(obj)})
 
 
 def random_reference(n_points: int, n_cand: int, d: int, radius: float, seed: int = 0) -> float:
