@@ -293,3 +293,37 @@ def test_P004_18_retraining_on_shifted_data_is_not_the_bias_transform():
     e_bt, _ = bounds.eps_star(W, bt, v, Xu, yu)
     e_re, _ = bounds.eps_star(W2, b2, v2, Xu, yu)
     assert float(e_bt / th.norm()) > 1.05 * float(e_re / th2.norm())
+
+
+# --- scoring (spec §2.5) -----------------------------------------------------------------------
+
+def test_scores_random_reference_on_the_sphere_is_1_30():
+    """§2.5: the mean of the 5 best of 1000 random unit candidates to 500 points on S^783 is ≈ 1.30."""
+    from tasks.cells.reconstruct import random_reference
+
+    assert abs(random_reference(500, 1000, 784, 1.0) - 1.30) <= 0.03
+
+
+def test_scores_ssim_is_one_on_identical_images_and_falls_with_noise():
+    from tasks.reconstruct import score as S
+
+    g = torch.Generator().manual_seed(0)
+    a = torch.rand(3, 3, 32, 32, generator=g, dtype=torch.float64)
+    noise = torch.randn(a.shape, generator=g, dtype=torch.float64)
+    same = S.ssim(a, a.clone(), 1.0)
+    little, more = S.ssim(a, (a + 0.05 * noise).clamp(0, 1), 1.0), S.ssim(a, (a + 0.3 * noise).clamp(0, 1), 1.0)
+    assert same.shape == (3,) and float((same - 1).abs().max()) <= 1e-12
+    assert bool((more < little).all()) and float(more.max()) < 0.8 and float(little.min()) > 0.9
+
+
+def test_scores_unique_best_counts_each_training_point_once():
+    from tasks.reconstruct import score as S
+
+    X = torch.eye(6, dtype=torch.float64)[None]  # 6 training points
+    Xc = torch.cat([X[:, :1].repeat(1, 5, 1) * 1.01, X[:, 1:] * 1.2], 1)  # 5 copies near x_0, 5 others
+    lam = torch.ones(1, 10, dtype=torch.float64)
+    sc = S.score_all(Xc, lam, X, torch.ones(1, 6, dtype=torch.bool), torch.ones(1, 6, dtype=torch.float64),
+                     torch.tensor([0.1]), 0.05)
+    assert abs(float(sc.score5) - 0.01) <= 1e-12  # five copies of one point
+    assert abs(float(sc.score5_unique) - (0.01 + 4 * 0.2) / 5) <= 1e-12
+    assert int(sc.n_recovered) == 1
