@@ -61,6 +61,8 @@ V = {
     "ncc": Var("1", "best normalised cross-correlation with a training point", dims=_cand),
     "lam": Var("1", "final multiplier lambda_i of each candidate (Haim's scale: l x the paper's)", dims=_cand),
     "cand_norm": Var("l2 norm", "final ||x'_i||", dims=_cand),
+    "ssim": Var("1", "SSIM with the nearest training image, shift taken off (CIFAR, d = 3072; NaN otherwise)",
+                dims=_cand),
     "candidates": Var("1", "the final candidates x'_i (in the shifted space; NaN past d)", dims=("candidate", "feature")),
 }
 

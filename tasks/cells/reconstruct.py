@@ -65,9 +65,11 @@ def run(W, b, v, X, y, mask, d, m, width, cells: list[dict], device: str = "cpu"
     sc = score.score_all(res.x, res.lam, Xs, mask, fmask, lam_min, c0["rho"])
     sc0 = score.score_all(x0, lam0, Xs, mask, fmask, lam_min, c0["rho"])
     res, sc = _cpu(res), _cpu(sc)
+    Xs_cpu, u_cpu = Xs.cpu(), u.cpu()
     out = []
     for e, c in enumerate(cells):
         de, me = int(d[e]), int(m[e])
+        sim = image_ssim(res.x[e, :, :de] - u_cpu[e, :de], Xs_cpu[e, :me, :de] - u_cpu[e, :de], sc.nearest[e])
         eps, _ = bounds.eps_star(W[e, :, :de], b_att[e], v[e], Xs[e, :me, :de], y[e, :me])
         out.append({
             "status": int(res.status[e]), "objective": float(res.objective[e]),
@@ -79,9 +81,21 @@ def run(W, b, v, X, y, mask, d, m, width, cells: list[dict], device: str = "cpu"
             "objective_trace": res.trace[e].numpy(),
             "dist": sc.dist[e].numpy(), "nearest": sc.nearest[e].numpy(), "ncc": sc.ncc[e].numpy(),
             "lam": res.lam[e].numpy(), "cand_norm": res.x[e, :, :de].norm(dim=1).numpy(),
-            "candidates": res.x[e, :, :de].numpy(),
+            "candidates": res.x[e, :, :de].numpy(), "ssim": sim.numpy(),
         })
     return out
+
+
+IMAGE = (3, 32, 32)  # CIFAR-10, channel-major rows (storage/datasets.py)
+
+
+def image_ssim(cand: torch.Tensor, train: torch.Tensor, nearest: torch.Tensor) -> torch.Tensor:
+    """SSIM of each candidate (l, 3072) with its nearest training image, both with the shift taken
+    off (Haim's metric, F004-2); data range = the training set's. NaN unless d = 3072 (images)."""
+    if cand.shape[1] != 3 * 32 * 32:
+        return torch.full((cand.shape[0],), math.nan, dtype=torch.float64)
+    rng = float(train.max() - train.min())
+    return score.ssim(cand.reshape(-1, *IMAGE), train[nearest].reshape(-1, *IMAGE), rng)
 
 
 def _cpu(obj):
