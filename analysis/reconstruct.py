@@ -22,7 +22,7 @@ def per_radius(ds: xr.Dataset, var: str) -> dict[float, np.ndarray]:
     ok = usable(ds)
     sub = ds[var].where(ok)
     if "shift" in sub.dims:
-        sub = sub.sel(shift=0.0) if 0.0 in sub.shift.values else sub.isel(shift=0)
+        sub = sub.sel(shift=0.0) if 0.0 in sub["shift"].values else sub.isel(shift=0)
     if "radius" not in sub.dims:
         return {}
     out = {}

@@ -135,5 +135,5 @@ def test_F004_report_draws_fig2a_and_lists_the_acceptance_rows(chained, tmp_path
     assert any(p.name == "attack_F004-1_score_vs_radius.png" for p in paths)
     rows = acceptance_rows(load_scalars(open_results(chained / "chain.zarr", "attack")))
     assert [r.spec_id for r in rows] == ["P004-13", "P004-14", "P004-15", "P004-16", "P004-17"]
-    assert rows[0].value >= 1 and rows[3].passed is None  # P004-16 needs CIFAR: not judged
+    assert rows[0].value >= 1 and rows[3].passed is None  # P004-16 needs CIFAR shifts: not judged
     assert "P004-13" in (tmp_path / "index.md").read_text()

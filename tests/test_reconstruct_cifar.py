@@ -62,3 +62,23 @@ def test_F004_2_attack_on_shifted_cifar_net_scores_ssim(cifar_net, shift, lr):
     assert out["train_eps"] >= 0
     # candidates start near the origin (the unshifted domain): with u = 5·1 they are ~277 from the data
     assert (out["score5"] > 200) == (shift == 5.0)
+
+
+@pytest.mark.parametrize("ssim10,ssim_max,verdict", [
+    ([[0.5, 0.6], [0.3, 0.2], [0.01, 0.02]], 0.2, "pass"),
+    ([[0.5, 0.6], [0.3, 0.2], [0.01, 0.02]], 0.45, "FAIL"),  # a u = 5 candidate at SSIM >= 0.4
+    ([[0.2, 0.2], [0.3, 0.4], [0.01, 0.02]], 0.2, "FAIL"),  # not ordered
+], ids=["ordered", "u5-too-similar", "not-ordered"])
+def test_P004_16_acceptance_row(ssim10, ssim_max, verdict):
+    import xarray as xr
+
+    from analysis.acceptance_004 import acceptance
+
+    dims, ones = ("shift", "restart"), np.ones((3, 2))
+    ds = xr.Dataset({"done": (dims, ones.astype(bool)), "status": (dims, ones.astype(np.int8)),
+                     "ssim10": (dims, ssim10), "ssim_max": (dims, np.full((3, 2), ssim_max)),
+                     "score5": (dims, ones), "objective": (dims, ones)},
+                    coords={"shift": [0.0, 0.5, 5.0], "restart": [0, 1]})
+    ds.status.attrs["ok_values"] = [1]
+    row = next(r for r in acceptance(ds) if r.spec_id == "P004-16")
+    assert row.verdict == verdict and abs(row.value - 0.55) <= 1e-12

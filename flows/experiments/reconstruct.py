@@ -54,6 +54,8 @@ V = {
     "score5_active": Var("l2 norm", "5-best over candidates with lambda >= lambda_min/10 (X004-8)"),
     "score5_init": Var("l2 norm", "score5 of the init candidates (a random-candidate reference, §2.5)"),
     "n_recovered": Var("1", "distinct training points with a candidate within rho", "int64"),
+    "ssim10": Var("1", "mean SSIM of the 10 candidates closest to the training set (images; NaN otherwise)"),
+    "ssim_max": Var("1", "largest SSIM of any candidate with its nearest training image (images; NaN otherwise)"),
     "wall_s": Var("s", "bundle attack wall time divided by the bundle's cells", finite=True),
     "objective_trace": Var("1", f"objective at {cell_fn.N_TRACE} evenly spaced steps (first: init)", dims=("trace",)),
     "dist": Var("l2 norm", "distance of each candidate to its nearest training point", dims=_cand),

@@ -82,6 +82,7 @@ def run(W, b, v, X, y, mask, d, m, width, cells: list[dict], device: str = "cpu"
             "dist": sc.dist[e].numpy(), "nearest": sc.nearest[e].numpy(), "ncc": sc.ncc[e].numpy(),
             "lam": res.lam[e].numpy(), "cand_norm": res.x[e, :, :de].norm(dim=1).numpy(),
             "candidates": res.x[e, :, :de].numpy(), "ssim": sim.numpy(),
+            "ssim10": float(sim[sc.dist[e].argsort()[:10]].mean()), "ssim_max": float(sim.max()),
         })
     return out
 
