@@ -29,8 +29,8 @@ from tasks.cells.nonrobust import n_samples
 M_MAX = 10**8  # most training samples m (given, or round(d^alpha))
 P = {
     "data": Param(str, "sphere", "input distribution (spec §2.7, A11)", choices=tuple(data.DISTRIBUTIONS)),
-    "labels": Param(str, "random", "i.i.d. uniform labels (paper) or exactly balanced (theory regime)",
-                    choices=("random", "balanced")),
+    "labels": Param(str, "random", "i.i.d. uniform labels (paper) or exactly balanced (theory regime); "
+                    "sign_x1: balanced with y = sign(x_1) (paper 004 F004-1)", choices=("random", "balanced", "sign_x1")),
     "d": Param(int, 100, "input dimension", min=2, max=10**6),
     "alpha": Param(float, 1.0, "sample size m = round(d^alpha) when m is 0 (Fig. 1a)", gt=0, max=4),
     "m": Param(int, 0, "sample size; 0 means round(d^alpha)", min=0, max=M_MAX),
@@ -139,7 +139,7 @@ def resolve_device(device: str) -> torch.device:
 
 
 def train_bundle(cells: list[dict], device: str = "auto", checkpoint: str | None = None,
-                 checkpoint_every_s: float = 60.0, max_chunks: int | None = None):
+                 checkpoint_every_s: float = 60.0, max_chunks: int | None = None, datasets: list | None = None):
     """Train a bundle as one stacked problem, in chunks, checkpointing every
     ``checkpoint_every_s`` seconds (and after the last of ``max_chunks`` chunks)."""
     dev = resolve_device(device)
@@ -147,7 +147,7 @@ def train_bundle(cells: list[dict], device: str = "auto", checkpoint: str | None
     if dev.type == "cuda":  # TF32 perturbs margins by ~1e-3 relative (spec A16): never
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
-    net, X, y, mask, gens = cell_fn.build(cells)
+    net, X, y, mask, gens = cell_fn.build(cells, datasets)
     sched = cell_fn.schedule(cells[0])
     check = lambda st: train.check_state(st, net, sched)  # noqa: E731 - a resumed state must be this bundle's
     state = checkpoint_io.load(checkpoint, dev, dtype, gens, check) if checkpoint else None
@@ -167,11 +167,12 @@ def train_bundle(cells: list[dict], device: str = "auto", checkpoint: str | None
     return state, (net, X, y, mask, gens)
 
 
-def train_then(measure, cells: list[dict], device: str = "auto", checkpoint: str | None = None) -> list[dict]:
+def train_then(measure, cells: list[dict], device: str = "auto", checkpoint: str | None = None,
+               datasets: list | None = None) -> list[dict]:
     """Train the bundle (resuming from ``checkpoint`` if one exists), then ``measure(net, X, y, mask,
     cells, gens)`` the float64 CPU nets; each cell's result gets its training numbers."""
     t0 = time.perf_counter()
-    st, (_, X, y, mask, gens) = train_bundle(cells, device, checkpoint)
+    st, (_, X, y, mask, gens) = train_bundle(cells, device, checkpoint, datasets=datasets)
     wall = time.perf_counter() - t0
     net = nets.TwoLayer(*(t.detach().to("cpu", torch.float64) for t in (st.net.W, st.net.b, st.net.v)))
     results = measure(net, X, y, mask, cells, gens)

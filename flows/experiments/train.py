@@ -13,16 +13,24 @@ sizes; ``batch_rng_state`` is the minibatch generator after training.
 from __future__ import annotations
 
 
+import numpy as np
 import torch
 
+from core.errors import ConfigError
 from flows.experiments import Experiment, Param, Var, register
 from flows.experiments import nonrobust
+from tasks import data as synthetic
 from tasks.cells import train as cell_fn
 from tasks.cells.nonrobust import n_samples
+
+CIFAR = "cifar_vehicles"  # paper 004 F004-2: CIFAR-10 vehicles (+1) vs animals (-1), storage/datasets.py
 
 TRAIN_PARAMS = ("data", "labels", "d", "alpha", "m", "width", "seed", "loss", "lr0", "lr_factor", "lr_period",
                 "lr_period_fast", "target_loss", "max_iters", "batch_size", "init_scale", "dtype")
 P = {k: nonrobust.P[k] for k in TRAIN_PARAMS}
+P["data"] = Param(str, "sphere", nonrobust.P["data"].doc + f"; {CIFAR}: CIFAR-10 vehicles vs animals, m/2 "
+                  "per class from the start of the training split, minus their mean (paper 004 F004-2; d = 3072)",
+                  choices=(*synthetic.DISTRIBUTIONS, CIFAR))
 P["store_nets"] = Param(bool, True, "store each trained net and its training set (false: numbers only, "
                         "e.g. for very wide nets; no later stage can read them)")
 RNG_BYTES = int(torch.Generator().get_state().numel())
@@ -43,6 +51,9 @@ V = {
     "v": Var("1", "trained output weights v_j (zero past width_used)", dims=("hidden",), pad=0.0),
     "X": Var("1", "training points x_i (zero past m_used, d_used)", dims=("sample", "feature"), pad=0.0),
     "y": Var("1", "training labels y_i in {-1, 1} (zero past m_used)", dims=("sample",), pad=0.0),
+    "data_index": Var("1", "index of each training point in the CIFAR-10 training split (data: cifar_vehicles; "
+                      "-1 for synthetic data)", "int64", dims=("sample",)),
+    "data_checksum": Var("1", "first 60 bits of the sha256 of the CIFAR-10 file read (0 for synthetic data)", "int64"),
     "batch_rng_state": Var("byte", "state of the net's minibatch-order generator after training (torch CPU "
                            "Generator.get_state); random_direction continues this stream", "uint8",
                            dims=("rng_byte",)),
@@ -55,6 +66,38 @@ def extra_dims(cells: list[dict]) -> dict[str, int]:
             "sample": max([n_samples(c) for c in stored] or [1]), "rng_byte": RNG_BYTES}
 
 
+def check(cell: dict) -> None:
+    """nonrobust's checks; for CIFAR also d = 3072, an even m, and the data file present."""
+    nonrobust.check(cell)
+    if cell["data"] != CIFAR:
+        return
+    from storage import datasets
+
+    if cell["d"] != 3072:
+        raise ConfigError("d", f"data '{CIFAR}' has d = 3072 (32x32x3 pixels), got {cell['d']}")
+    if n_samples(cell) % 2:
+        raise ConfigError("m", f"data '{CIFAR}' takes m/2 per class: m must be even, got {n_samples(cell)}")
+    if not datasets.cifar_path().is_file():
+        raise ConfigError("data", f"'{CIFAR}' needs the CIFAR-10 file {datasets.cifar_path()}, which is missing "
+                          "(set KKTLAB_DATA to the folder holding cifar10/)")
+
+
+def load_datasets(cells: list[dict]) -> tuple[list, list[dict]]:
+    """Per cell: the (X, y) read from a file (CIFAR cells) or None, and the provenance to store."""
+    from storage import datasets
+
+    out, prov = [], []
+    for c in cells:
+        if c["data"] != CIFAR:
+            out.append(None)
+            prov.append({"data_index": np.full(n_samples(c), -1, dtype=np.int64), "data_checksum": 0})
+            continue
+        X, y, idx, _, digest = datasets.cifar_vehicles_animals(n_samples(c) // 2)
+        out.append((X, y))
+        prov.append({"data_index": idx.numpy().astype(np.int64), "data_checksum": int(digest[:15], 16)})
+    return out, prov
+
+
 def memory(cell: dict) -> float:
     return nonrobust.memory(dict(cell, kkt_max_m=0))  # no KKT fit here
 
@@ -62,8 +105,10 @@ def memory(cell: dict) -> float:
 def run_bundle(cells: list[dict], device: str = "auto", checkpoint: str | None = None) -> list[dict]:
     """Train the bundle exactly as ``nonrobust`` does (resuming from ``checkpoint``), then keep the
     nets: float64 on the CPU, at their true sizes."""
-    return nonrobust.train_then(lambda net, X, y, mask, cells, gens: cell_fn.pack(net, X, y, cells, gens),
-                                cells, device, checkpoint)
+    sets, prov = load_datasets(cells)
+    out = nonrobust.train_then(lambda net, X, y, mask, cells, gens: cell_fn.pack(net, X, y, cells, gens),
+                               cells, device, checkpoint, datasets=sets)
+    return [dict(res, **p) for res, p in zip(out, prov)]
 
 
 EXPERIMENT = register(Experiment(
@@ -71,7 +116,7 @@ EXPERIMENT = register(Experiment(
     paper="002 Vardi, Yehudai, Shamir (the training of nonrobust, as a stage)",
     description="train two-layer ReLU nets to loss 1e-30 and store them (stage 1 of a chain; then universal_attack)",
     params=P, variables=V, run_bundle=run_bundle, bundle_key=nonrobust.bundle_key, cost=nonrobust.cost,
-    check=nonrobust.check, memory=memory, memory_fields=("d", "m", "alpha", "width"), checkpoints=True,
+    check=check, memory=memory, memory_fields=("d", "m", "alpha", "width"), checkpoints=True,
     extra_dims=extra_dims, produces=("nets",),
     summary=("m_used", "status", "iters", "log10_loss", "train_acc"),
 ))

@@ -20,8 +20,10 @@ def n_samples(cell: dict) -> int:
     return cell["m"] or int(math.floor(cell["d"] ** cell["alpha"] + 0.5))
 
 
-def build(cells: list[dict]):
+def build(cells: list[dict], datasets: list | None = None):
     """Data and initial nets of a bundle, zero-padded to common (m, d, k), float64 on CPU.
+    ``datasets``: per cell None (synthetic, from its seed) or the (X (m,d), y (m,)) read from a file
+    (e.g. CIFAR-10 for paper 004 F004-2); the init still comes from the cell's seed.
 
     Returns (net, X (E,m,d), y (E,m), mask (E,m), batch generators)."""
     d_pad = max(c["d"] for c in cells)
@@ -35,7 +37,11 @@ def build(cells: list[dict]):
     for e, c in enumerate(cells):
         m, d = n_samples(c), c["d"]
         g = data.seed_streams(c["seed"], salt=(d, m))
-        Xe, ye = data.synthetic(c["data"], m, d, g, balanced=c["labels"] == "balanced")
+        if datasets is not None and datasets[e] is not None:
+            Xe, ye = datasets[e]
+        else:
+            Xe, ye = data.synthetic(c["data"], m, d, g, balanced=c["labels"] == "balanced",
+                                    sign_x1=c["labels"] == "sign_x1")
         X[e, :m, :d], y[e, :m], mask[e, :m] = Xe, ye, True
         stack.append(nets.init_two_layer(d, c["width"], g["init"], init_scale=c["init_scale"],
                                          d_pad=d_pad, k_pad=k_pad))

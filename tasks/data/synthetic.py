@@ -37,6 +37,12 @@ def sphere(m: int, d: int, g: torch.Generator) -> torch.Tensor:
     return math.sqrt(d) * z / z.norm(dim=1, keepdim=True)
 
 
+def unit_sphere(m: int, d: int, g: torch.Generator) -> torch.Tensor:
+    """``x ~ U(S^{d-1})``, the unit sphere (paper 004 Sec 4: 500 points on S^783)."""
+    z = torch.randn(m, d, generator=g, dtype=torch.float64)
+    return z / z.norm(dim=1, keepdim=True)
+
+
 def gauss(m: int, d: int, g: torch.Generator) -> torch.Tensor:
     """``x ~ N(0, I_d)`` (spec 002 A11: the √d-scale reading of the Gaussian variant)."""
     return torch.randn(m, d, generator=g, dtype=torch.float64)
@@ -66,7 +72,7 @@ def orthonormal(m: int, d: int, g: torch.Generator) -> torch.Tensor:
 
 
 DISTRIBUTIONS = {"sphere": sphere, "gauss": gauss, "gauss_scaled": gauss_scaled, "orthogonal": orthogonal,
-                 "orthonormal": orthonormal}
+                 "orthonormal": orthonormal, "unit_sphere": unit_sphere}
 
 
 def labels(m: int, g: torch.Generator, *, balanced: bool = False) -> torch.Tensor:
@@ -82,11 +88,18 @@ def labels(m: int, g: torch.Generator, *, balanced: bool = False) -> torch.Tenso
             return y
 
 
-def synthetic(kind: str, m: int, d: int, gens: dict[str, torch.Generator], *, balanced: bool = False):
-    """A labelled synthetic dataset ``(X (m,d), y (m,))`` of a registered kind."""
+def synthetic(kind: str, m: int, d: int, gens: dict[str, torch.Generator], *, balanced: bool = False,
+              sign_x1: bool = False):
+    """A labelled synthetic dataset ``(X (m,d), y (m,))`` of a registered kind.
+
+    ``sign_x1`` (paper 004 Sec 4, spec F004-1): exactly balanced labels y, then x_1 ← y |x_1|, so
+    y = sign(x_1) and each class is uniform on its half of the distribution (m/2 per class)."""
     if kind not in DISTRIBUTIONS:
         raise ValueError(f"unknown data kind {kind!r}; allowed: {sorted(DISTRIBUTIONS)}")
-    return DISTRIBUTIONS[kind](m, d, gens["data"]), labels(m, gens["labels"], balanced=balanced)
+    X, y = DISTRIBUTIONS[kind](m, d, gens["data"]), labels(m, gens["labels"], balanced=balanced or sign_x1)
+    if sign_x1:
+        X[:, 0] = y * X[:, 0].abs()
+    return X, y
 
 
 def binary_subset(x: torch.Tensor, y: torch.Tensor, pos: int, neg: int, n: int | None,

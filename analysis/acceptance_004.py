@@ -1,0 +1,69 @@
+"""Acceptance rows of paper 004 (spec §5, P004-13 … P004-17) from a ``reconstruct`` group.
+
+P004-16 needs an image group (F004-2, configs/paper-004-f2-cifar.yaml) with shifts 0, 0.5, 5;
+P004-17 (candidates vs means of their K nearest images) is not implemented: not judged."""
+
+from __future__ import annotations
+
+import numpy as np
+import xarray as xr
+
+from analysis.acceptance import Row, skipped
+from analysis.reconstruct import per_radius
+
+
+def acceptance(ds: xr.Dataset) -> list[Row]:
+    scores, objs = per_radius(ds, "score5"), per_radius(ds, "objective")
+    rows: list[Row] = []
+    allobj = np.concatenate(list(objs.values())) if objs else np.array([])
+    if allobj.size >= 2 and np.all(allobj > 0):
+        ratio = float(allobj.max() / allobj.min())
+        rows.append(Row("objective nearly equal across radii and seeds", "P004-13", f"max/min = {ratio:.4g}",
+                        "<= 1.01", ratio <= 1.01, f"{allobj.size} runs; absolute value reported, not gated",
+                        ratio))
+    else:
+        rows.append(skipped("P004-13", "objective nearly equal across radii and seeds", "<= 1.01"))
+    med = {r: float(np.median(v)) for r, v in scores.items() if v.size}
+    if med and 10.0 in med and any(0.5 <= r <= 2 for r in med):
+        best = min(med, key=med.get)
+        ok = 0.5 <= best <= 2 and med[10.0] >= 2 * med[best] and med[10.0] >= 0.9
+        rows.append(Row("median score smallest at r in [0.5, 2]; at r = 10 >= 2x min and >= 0.9", "P004-14",
+                        f"argmin r = {best:g} ({med[best]:.3g}); r=10: {med[10.0]:.3g}", "see criterion", ok,
+                        value=med[10.0] / med[best]))
+    else:
+        rows.append(skipped("P004-14", "median score smallest near r = 1, large at r = 10", "see criterion",
+                            "needs radii 10 and one in [0.5, 2]"))
+    if "restart" in ds.dims and ds.sizes["restart"] >= 2 and med:
+        worst = None
+        for r in med:
+            sc, ob = scores[r], objs[r]
+            if sc.size >= 2 and ob.size >= 2 and ob.mean() > 0:
+                q = float(sc.std() / (10 * ob.std() / ob.mean())) if ob.std() > 0 else np.inf
+                worst = q if worst is None else min(worst, q)
+        if worst is not None:
+            rows.append(Row("score std across runs >= 10x relative objective std", "P004-15",
+                            f"min over radii of ratio/threshold = {worst:.3g}", ">= 1", worst >= 1, value=worst))
+    if len(rows) < 3:
+        rows.append(skipped("P004-15", "score std across runs >= 10x relative objective std", ">= 1",
+                            "needs >= 2 restarts per radius"))
+    rows.append(_ssim_row(ds))
+    rows.append(skipped("P004-17", "u=0.5 candidates closer to K-means than to nearest", "majority",
+                        "K-nearest means are not computed (not implemented)"))
+    return rows
+
+
+def _ssim_row(ds: xr.Dataset) -> Row:
+    """P004-16 from the per-cell ssim10 / ssim_max of an image (CIFAR) group with shifts 0, 0.5, 5."""
+    from storage.query import usable
+
+    crit, thr = "mean SSIM of 10 best: u=0 > u=0.5 > u=5; at u=5 max SSIM < 0.4", "ordered, < 0.4"
+    if "ssim10" not in ds or "shift" not in ds.dims or not {0.0, 0.5, 5.0} <= set(map(float, ds["shift"].values)):
+        return skipped("P004-16", crit, thr, "needs an image (CIFAR, F004-2) group with shifts 0, 0.5, 5")
+    ok = usable(ds)
+    m = {u: float(ds.ssim10.where(ok).sel(shift=u).mean()) for u in (0.0, 0.5, 5.0)}
+    top5 = float(ds.ssim_max.where(ok).sel(shift=5.0).max())
+    if not all(np.isfinite(list(m.values()))):
+        return skipped("P004-16", crit, thr, "no SSIM stored (not image data)")
+    passed = m[0.0] > m[0.5] > m[5.0] and top5 < 0.4
+    return Row(crit, "P004-16", f"{m[0.0]:.3g} / {m[0.5]:.3g} / {m[5.0]:.3g}; u=5 max {top5:.3g}", thr, passed,
+               value=m[0.0])

@@ -1,0 +1,116 @@
+"""The cell of experiment ``reconstruct`` (paper 004 F004-1 / F004-2 on a chain): the stored nets of
+a ``train`` stage in (one row per cell: net × hyper-parameters × restart), the KKT reconstruction
+attack run as ONE stacked problem over the bundle (``tasks.reconstruct.attack.optimise``), every
+score of spec §2.5 out, with the candidates themselves.
+
+Shift defence (App D, spec §3.8): a cell with ``shift`` = s attacks the bias-transformed net
+b ↦ b − W u, u = s·1 over the net's true features, and is scored against the shifted training set
+x + u (the set that net is "trained" on). The true shifted set's KKT residual under the attacked net
+(``train_eps``, ε*/‖θ‖ by NNLS) is stored with it (X004-6).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from tasks import data
+from tasks.reconstruct import attack as atk
+from tasks.reconstruct import bounds, objective, score, shift
+
+N_TRACE = 11
+
+
+def check_shapes(W, b, v, X, y, d, m, width) -> None:
+    """Net and data of every row agree (W (E,k,d), b, v (E,k), X (E,m,d), y (E,m)); else ValueError
+    naming the array."""
+    E, k, dW = W.shape
+    for name, t, shape in (("b", b, (E, k)), ("v", v, (E, k)), ("X", X, (E, X.shape[1], dW)), ("y", y, X.shape[:2])):
+        if tuple(t.shape) != tuple(shape):
+            raise ValueError(f"upstream nets: {name} has shape {tuple(t.shape)}, the net W {tuple(W.shape)} "
+                             f"needs {tuple(shape)} (shape mismatch between net and data)")
+    if bool((d > dW).any()) or bool((width > k).any()) or bool((m > X.shape[1]).any()):
+        raise ValueError("upstream nets: d_used / width_used / m_used exceed the stored arrays (shape mismatch)")
+
+
+def run(W, b, v, X, y, mask, d, m, width, cells: list[dict], device: str = "cpu") -> list[dict]:
+    """W (E,k,d), b, v (E,k), X (E,m,d), y (E,m), mask (E,m), d, m, width (E,) as ``storage.nets.Nets``
+    holds them (float64, zero padded); ``cells`` the rows' parameters (one init, objective,
+    candidate count, step count and box flag per bundle). The inits are drawn on the CPU, the attack
+    runs on ``device`` in float64. Returns one dict of numbers per cell."""
+    check_shapes(W, b, v, X, y, d, m, width)
+    W, b, v, X, y, mask, d = (t.to(device) for t in (W, b, v, X, y, mask, d))
+    c0 = cells[0]
+    E, _, D = W.shape
+    l = c0["n_candidates"]
+    dev_t = lambda key: torch.tensor([float(c[key]) for c in cells], dtype=torch.float64, device=device)  # noqa: E731
+    fmask = (torch.arange(D, device=device)[None, :] < d[:, None]).to(torch.float64)  # (E,D) the true features
+    u = dev_t("shift")[:, None] * fmask
+    b_att = shift.bias_transform(W, b, u)
+    Xs = (X + u[:, None, :]) * mask[..., None].to(X.dtype)
+    gens = [data.seed_streams(c["seed"], salt=(c["restart"],))["init"] for c in cells]
+    x0, lam0 = atk.init_candidates(c0["init"], l, [int(t) for t in d], D, [c["radius"] for c in cells], gens)
+    x0, lam0 = x0.to(device), lam0.to(device)
+    yc = atk.candidate_labels(l).to(device).expand(E, l)
+    alpha = dev_t("alpha") if c0["surrogate"] else None
+    lam_min = dev_t("lam_min")
+    res = atk.optimise(W, b_att, v, x0, lam0, yc, lr_x=dev_t("lr_x"), lr_lam=dev_t("lr_lam"), alpha=alpha,
+                       lam_min=lam_min, steps=c0["steps"], objective_name=c0["objective"], box=c0["box"],
+                       feature_mask=fmask, n_trace=N_TRACE)
+    theta2 = W.pow(2).sum((1, 2)) + b_att.pow(2).sum(1) + v.pow(2).sum(1)
+    scale = objective.SCALES[c0["objective"]](l)
+    R = objective.residual(W, b_att, v, res.x, yc, res.lam, scale=scale)  # exact step derivative (X004-2)
+    res_exact = objective.residual_norm2(R).sqrt() / theta2.sqrt()
+    sc = score.score_all(res.x, res.lam, Xs, mask, fmask, lam_min, c0["rho"])
+    sc0 = score.score_all(x0, lam0, Xs, mask, fmask, lam_min, c0["rho"])
+    res, sc = _cpu(res), _cpu(sc)
+    Xs_cpu, u_cpu = Xs.cpu(), u.cpu()
+    out = []
+    for e, c in enumerate(cells):
+        de, me = int(d[e]), int(m[e])
+        sim = image_ssim(res.x[e, :, :de] - u_cpu[e, :de], Xs_cpu[e, :me, :de] - u_cpu[e, :de], sc.nearest[e])
+        eps, _ = bounds.eps_star(W[e, :, :de], b_att[e], v[e], Xs[e, :me, :de], y[e, :me])
+        out.append({
+            "status": int(res.status[e]), "objective": float(res.objective[e]),
+            "objective_rel": float(res.objective[e] / theta2[e]), "objective_init": float(res.trace[e, 0]),
+            "residual_exact_rel": float(res_exact[e]), "train_eps": float(eps / theta2[e].sqrt()),
+            "score5": float(sc.score5[e]), "score10": float(sc.score10[e]),
+            "score5_unique": float(sc.score5_unique[e]), "score5_active": float(sc.score5_active[e]),
+            "score5_init": float(sc0.score5[e].cpu()), "n_recovered": int(sc.n_recovered[e]),
+            "objective_trace": res.trace[e].numpy(),
+            "dist": sc.dist[e].numpy(), "nearest": sc.nearest[e].numpy(), "ncc": sc.ncc[e].numpy(),
+            "lam": res.lam[e].numpy(), "cand_norm": res.x[e, :, :de].norm(dim=1).numpy(),
+            "candidates": res.x[e, :, :de].numpy(), "ssim": sim.numpy(),
+            "ssim10": float(sim[sc.dist[e].argsort()[:10]].mean()), "ssim_max": float(sim.max()),
+        })
+    return out
+
+
+IMAGE = (3, 32, 32)  # CIFAR-10, channel-major rows (storage/datasets.py)
+
+
+def image_ssim(cand: torch.Tensor, train: torch.Tensor, nearest: torch.Tensor) -> torch.Tensor:
+    """SSIM of each candidate (l, 3072) with its nearest training image, both with the shift taken
+    off (Haim's metric, F004-2); data range = the training set's. NaN unless d = 3072 (images)."""
+    if cand.shape[1] != 3 * 32 * 32:
+        return torch.full((cand.shape[0],), math.nan, dtype=torch.float64)
+    rng = float(train.max() - train.min())
+    return score.ssim(cand.reshape(-1, *IMAGE), train[nearest].reshape(-1, *IMAGE), rng)
+
+
+def _cpu(obj):
+    """A result dataclass with every tensor moved to the CPU (for numpy)."""
+    import dataclasses
+
+    return dataclasses.replace(obj, **{f.name: getattr(obj, f.name).cpu() for f in dataclasses.fields(obj)})
+
+
+def random_reference(n_points: int, n_cand: int, d: int, radius: float, seed: int = 0) -> float:
+    """Spec §2.5's reference: mean of the 5 best distances of n_cand random points on the sphere of
+    ``radius`` to n_points uniform unit vectors (≈ 1.30 for 1000 candidates, 500 points, d = 784)."""
+    g = torch.Generator().manual_seed(seed)
+    P = atk.sphere(n_points, d, 1.0, g)
+    Q = atk.sphere(n_cand, d, radius, g)
+    dmin = torch.cdist(Q, P, compute_mode="donot_use_mm_for_euclid_dist").min(1).values
+    return float(dmin.topk(5, largest=False).values.mean()) if n_cand >= 5 else math.nan

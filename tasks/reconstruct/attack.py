@@ -1,0 +1,104 @@
+"""The KKT reconstruction attack (Haim et al. 2022 as practised; paper 004 Sec 4, spec §2.4) as ONE
+stacked problem: B = nets × hyper-parameter settings × restarts, each row its own net, candidates
+x' (B,l,d) and multipliers λ (B,l), optimised together by SGD with momentum (PyTorch's rule:
+buf ← μ buf + g, p ← p − lr buf) with per-row learning rates. Rows never mix: the objective is
+a sum of per-row terms and every kernel is batched over B, so a row's trajectory is the same
+whether it runs alone or stacked (tests/test_reconstruct_attack.py).
+
+Inits (spec §2.4, X004-4): ``sphere`` x'_i = r g_i/‖g_i‖ (paper 004's "no prior" attacker: uniform
+on the sphere of radius r), ``gauss`` x'_i = (r/√d) N(0, I) (Haim's s = r/√d). λ_i ~ U[0, 1].
+Both are drawn per row from its own generator at the row's true d (padding never changes a draw).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+
+from tasks.reconstruct.objective import objective
+
+RUNNING, DONE, DIVERGED = 0, 1, 2
+
+
+def sphere(l: int, d: int, r: float, g: torch.Generator) -> torch.Tensor:
+    """l points uniform on the sphere of radius r in R^d (paper 004 Sec 4), float64 CPU."""
+    z = torch.randn(l, d, generator=g, dtype=torch.float64)
+    return r * z / z.norm(dim=1, keepdim=True)
+
+
+def gauss(l: int, d: int, r: float, g: torch.Generator) -> torch.Tensor:
+    """Haim et al.'s x' = s N(0, I) with s = r/√d (radius ≈ r), float64 CPU (spec X004-4)."""
+    return torch.randn(l, d, generator=g, dtype=torch.float64) * (r / math.sqrt(d))
+
+
+INITS = {"sphere": sphere, "gauss": gauss}
+
+
+def candidate_labels(l: int) -> torch.Tensor:
+    """Fixed candidate labels y' (spec §2.4, Haim): first half −1, second half +1, (l,)."""
+    y = torch.ones(l, dtype=torch.float64)
+    y[: l // 2] = -1
+    return y
+
+
+def init_candidates(kind: str, l: int, d_true: list[int], d_pad: int, radius: list[float],
+                    gens: list[torch.Generator]) -> tuple[torch.Tensor, torch.Tensor]:
+    """x' (B,l,d_pad) zero past each row's d, λ (B,l) ~ U[0,1]; one generator per row."""
+    if kind not in INITS:
+        raise ValueError(f"unknown init {kind!r}; allowed: {sorted(INITS)}")
+    B = len(gens)
+    X = torch.zeros(B, l, d_pad, dtype=torch.float64)
+    lam = torch.zeros(B, l, dtype=torch.float64)
+    for e in range(B):  # the draws only: the optimisation below is one stacked problem
+        X[e, :, : d_true[e]] = INITS[kind](l, d_true[e], radius[e], gens[e])
+        lam[e] = torch.rand(l, generator=gens[e], dtype=torch.float64)
+    return X, lam
+
+
+@dataclasses.dataclass
+class AttackResult:
+    x: torch.Tensor  # (B,l,d) final candidates
+    lam: torch.Tensor  # (B,l) final multipliers
+    objective: torch.Tensor  # (B,) objective at the final candidates
+    trace: torch.Tensor  # (B,T) objective at T evenly spaced steps (first: the init)
+    status: torch.Tensor  # (B,) int8: DONE, DIVERGED (non-finite objective; frozen there)
+
+
+def optimise(W, b, v, x0, lam0, yc, *, lr_x, lr_lam, alpha, lam_min, steps: int, objective_name: str = "haim",
+           box: bool = False, momentum: float = 0.9, feature_mask=None, n_trace: int = 11) -> AttackResult:
+    """Run ``steps`` SGD-momentum steps on every row. W (B,k,d), b, v (B,k) the attacked nets (float64),
+    x0 (B,l,d), lam0 (B,l) the inits, yc (B,l) the fixed labels; lr_x, lr_lam, lam_min (B,) tensors;
+    alpha (B,) the surrogate slope (None: exact step derivative, X004-2); feature_mask (B,d) zero past
+    a row's true d (the gradient there is masked so padding stays zero)."""
+    x, lam = x0.clone(), lam0.clone()
+    bx, bl = torch.zeros_like(x), torch.zeros_like(lam)
+    fm = torch.ones(x.shape[0], x.shape[2], dtype=x.dtype, device=x.device) if feature_mask is None else feature_mask
+    live = torch.ones(x.shape[0], dtype=torch.bool, device=x.device)
+    T = max(2, n_trace)
+    at = {round(t * steps / (T - 1)): t for t in range(T)}
+    trace = torch.full((x.shape[0], T), math.nan, dtype=x.dtype, device=x.device)
+    lr_x3, lr_l2 = lr_x.view(-1, 1, 1), lr_lam.view(-1, 1)
+    for step in range(steps + 1):
+        x.requires_grad_(True)
+        lam.requires_grad_(True)
+        obj = objective(objective_name, W, b, v, x, yc, lam, alpha=alpha, lam_min=lam_min, box=box,
+                        feature_mask=fm)
+        if step in at:
+            trace[:, at[step]] = obj.detach()
+        if step == steps:
+            break
+        gx, gl = torch.autograd.grad(obj.sum(), (x, lam))
+        with torch.no_grad():
+            live = live & torch.isfinite(obj) & torch.isfinite(gx).flatten(1).all(1) & torch.isfinite(gl).all(1)
+            keep = live.to(x.dtype)
+            gx = torch.nan_to_num(gx) * fm.unsqueeze(1)
+            gl = torch.nan_to_num(gl)
+            bx = momentum * bx + gx
+            bl = momentum * bl + gl
+            x = x.detach() - keep.view(-1, 1, 1) * lr_x3 * bx
+            lam = lam.detach() - keep.view(-1, 1) * lr_l2 * bl
+    obj = obj.detach()
+    status = torch.where(live & torch.isfinite(obj), DONE, DIVERGED).to(torch.int8)
+    return AttackResult(x.detach(), lam.detach(), obj, trace, status)

@@ -1,0 +1,79 @@
+"""Scores of reconstruction candidates against the training set (paper 004 Sec 4, spec §2.5, X004-8).
+
+Per candidate: the L2 distance to its nearest training point and that point's index, the best
+normalised cross-correlation (NCC) with any training point. Per run: the mean of the 5 (and 10)
+smallest distances (paper: "average distance of the 5 best reconstructions"), the duplicate-free
+5-best (each training point counted once, with its closest candidate among those that chose it),
+the number of distinct training points with a candidate within ρ, and the 5-best over the active
+candidates only (λ_i ≥ λ_min/10). All batched over a leading axis B.
+SSIM (Haim et al.'s image metric) is torchmetrics' (Wang et al. 2004, 11×11 Gaussian window).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+
+
+def nearest(Xc: torch.Tensor, X: torch.Tensor, mask: torch.Tensor):
+    """Distances of candidates Xc (B,l,d) to training points X (B,n,d) (``mask`` (B,n) the real
+    ones): D (B,l,n) (inf at padding), d_i (B,l), nearest index (B,l)."""
+    D = torch.cdist(Xc, X, compute_mode="donot_use_mm_for_euclid_dist")
+    D = D.masked_fill(~mask.unsqueeze(1), math.inf)
+    dmin, idx = D.min(2)
+    return D, dmin, idx
+
+
+def ncc(Xc: torch.Tensor, X: torch.Tensor, mask: torch.Tensor, feature_mask: torch.Tensor) -> torch.Tensor:
+    """Best normalised cross-correlation of each candidate with any training point, (B,l):
+    ⟨x' − mean x', x − mean x⟩ / (‖·‖ ‖·‖) over the row's true features."""
+    fm = feature_mask.unsqueeze(1)
+    nd = feature_mask.sum(1).clamp_min(1).view(-1, 1, 1)
+
+    def centred(A):
+        A = (A - (A * fm).sum(2, keepdim=True) / nd) * fm
+        return A / A.norm(dim=2, keepdim=True).clamp_min(1e-300)
+
+    C = torch.bmm(centred(Xc), centred(X).transpose(1, 2)).masked_fill(~mask.unsqueeze(1), -math.inf)
+    return C.amax(2)
+
+
+def best_k(dist: torch.Tensor, k: int, valid: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean of the k smallest entries of dist (B,l) among ``valid`` ones (NaN if fewer than k), (B,)."""
+    d = dist if valid is None else dist.masked_fill(~valid, math.inf)
+    top = d.topk(min(k, d.shape[1]), dim=1, largest=False).values
+    out = top.mean(1)
+    return torch.where(torch.isfinite(out) & (top.shape[1] == k), out, torch.full_like(out, math.nan))
+
+
+@dataclasses.dataclass
+class Scores:
+    dist: torch.Tensor  # (B,l) distance of each candidate to its nearest training point
+    nearest: torch.Tensor  # (B,l) int64 index of that point
+    ncc: torch.Tensor  # (B,l) best NCC with any training point
+    score5: torch.Tensor  # (B,) mean of the 5 smallest dist
+    score10: torch.Tensor  # (B,)
+    score5_unique: torch.Tensor  # (B,) duplicate-free 5-best (X004-8)
+    score5_active: torch.Tensor  # (B,) 5-best over candidates with λ ≥ λ_min/10 (X004-8)
+    n_recovered: torch.Tensor  # (B,) int64 distinct training points with a candidate within ρ
+
+
+def score_all(Xc, lam, X, mask, feature_mask, lam_min, rho: float) -> Scores:
+    """Every score of spec §2.5 / X004-8 for a stack of candidate sets (see module doc)."""
+    D, dmin, idx = nearest(Xc, X, mask)
+    per_point = torch.full(X.shape[:2], math.inf, dtype=Xc.dtype, device=Xc.device)
+    per_point = per_point.scatter_reduce(1, idx, dmin, reduce="amin")  # each point's closest chooser
+    recovered = (D.amin(1) <= rho) & mask
+    active = lam >= (lam_min / 10).unsqueeze(1)
+    return Scores(dist=dmin, nearest=idx, ncc=ncc(Xc, X, mask, feature_mask), score5=best_k(dmin, 5),
+                  score10=best_k(dmin, 10), score5_unique=best_k(per_point, 5),
+                  score5_active=best_k(dmin, 5, active), n_recovered=recovered.sum(1))
+
+
+def ssim(a: torch.Tensor, b: torch.Tensor, data_range: float) -> torch.Tensor:
+    """SSIM of image pairs a, b (N,C,H,W) (torchmetrics, Gaussian 11×11 window σ 1.5), (N,)."""
+    from torchmetrics.functional.image import structural_similarity_index_measure
+
+    return structural_similarity_index_measure(a, b, data_range=data_range, reduction="none")
