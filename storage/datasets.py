@@ -178,3 +178,22 @@ def cifar_vehicles_animals(n_per_class: int, root: pathlib.Path | None = None):
     y = torch.cat([torch.ones(n_per_class), -torch.ones(n_per_class)]).to(torch.float64)
     mean = X.mean(0)
     return X - mean, y, idx, mean, sha256(path)
+
+
+def cifar_rows(indices, checksum: int, root: pathlib.Path | None = None) -> torch.Tensor:
+    """The training rows a ``train`` stage stored as indices (``data_index``) plus a checksum
+    (``data_checksum``: the first 60 bits of the file's sha256) instead of a copy: rows ``indices``
+    of the CIFAR-10 training split, minus their mean, as :func:`cifar_vehicles_animals` gave them to
+    training. A file with another checksum raises ValueError naming it (the nets were trained on
+    other data); a missing one FileNotFoundError."""
+    path = cifar_path(root)
+    if not path.is_file():
+        raise FileNotFoundError(f"CIFAR-10 file {path} not found (set KKTLAB_DATA to the folder holding cifar10/)")
+    digest = sha256(path)
+    if int(digest[:15], 16) != int(checksum):
+        raise ValueError(f"CIFAR-10 file {path} has sha256 {digest[:15]}..., not the file these nets were trained on "
+                         f"(checksum {int(checksum):x}): the stored indices cannot be resolved")
+    x, _ = cifar10("train", root)
+    X = x[torch.as_tensor(np.asarray(indices), dtype=torch.long)]
+    return X - X.mean(0)
+

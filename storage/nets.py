@@ -83,6 +83,15 @@ def _problem(g: zarr.Group, idx: tuple, label: str) -> str:
     return ""
 
 
+def _file_rows(rows: np.ndarray, checksum: int, label: str) -> np.ndarray:
+    from storage import datasets
+
+    try:
+        return datasets.cifar_rows(rows, checksum).numpy()
+    except (OSError, ValueError) as err:
+        raise StoreError(f"the training set of upstream cell ({label}) cannot be rebuilt from its indices: {err}") from err
+
+
 def load_nets_at(path: str | pathlib.Path, group: str, indices: list[tuple[int, ...]]) -> Nets:
     """The nets of the cells at grid ``indices`` of ``group`` (repeats allowed), in that order."""
     import torch
@@ -109,6 +118,13 @@ def load_nets_at(path: str | pathlib.Path, group: str, indices: list[tuple[int, 
         idx = tuple(indices[e])
         for name, shape in cut.items():
             out[name][e] = g[name][idx + tuple(slice(0, s) for s in shape)]
+    if "data_index" in g:  # training sets read from a file: stored as indices + checksum, rebuilt here
+        for e in ok:
+            idx, m_e, d_e = tuple(indices[e]), int(size["m_used"][e]), int(size["d_used"][e])
+            rows = np.asarray(g["data_index"][idx])[:m_e]
+            if m_e and rows[0] >= 0:
+                out["X"][e] = 0.0  # zero-padded past the cell's own sizes, as stored nets are
+                out["X"][e, :m_e, :d_e] = _file_rows(rows, int(g["data_checksum"][idx]), labels[e])
     rng = np.stack([np.asarray(g["batch_rng_state"][tuple(idx)]) for idx in indices]).astype(np.uint8)
     m = torch.from_numpy(size["m_used"])
     mask = torch.arange(M)[None, :] < m[:, None]

@@ -11,6 +11,7 @@ import yaml
 
 from core.errors import ConfigError
 from flows import config, experiments
+from storage import datasets
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 CFG = "configs/paper-004-f2-cifar.yaml"
@@ -29,7 +30,8 @@ def cifar_net():
     cell = {k: p.default for k, p in exp.params.items()} | {
         "data": "cifar_vehicles", "d": 3072, "m": 20, "width": 16, "loss": "logistic", "lr0": 0.01,
         "lr_factor": 1.2, "lr_period": 50, "target_loss": 1e-4, "max_iters": 20000, "init_scale": 0.01}
-    return cell, exp.run_bundle([cell], "cpu")[0]
+    res = exp.run_bundle([cell], "cpu")[0]
+    return cell, dict(res, X=datasets.cifar_rows(res["data_index"], res["data_checksum"]).numpy(), X_stored=res["X"])
 
 
 def test_F004_2_train_stores_cifar_indices_and_checksum(cifar_net):
@@ -40,7 +42,10 @@ def test_F004_2_train_stores_cifar_indices_and_checksum(cifar_net):
     assert res["status"] == 1 and res["train_acc"] == 1.0
     np.testing.assert_array_equal(res["data_index"], idx.numpy())
     assert res["data_checksum"] == int(digest[:15], 16)
-    np.testing.assert_array_equal(res["X"], X.numpy())
+    assert res["X_stored"].size == 0  # never a copy of the data set
+    np.testing.assert_array_equal(res["X"], X.numpy())  # rebuilt from the indices, checksum checked
+    with pytest.raises(ValueError, match="not the file these nets were trained on"):
+        datasets.cifar_rows(res["data_index"], res["data_checksum"] ^ 1)
     assert res["y"].tolist() == [1.0] * 10 + [-1.0] * 10
 
 
@@ -82,3 +87,25 @@ def test_P004_16_acceptance_row(ssim10, ssim_max, verdict):
     ds.status.attrs["ok_values"] = [1]
     row = next(r for r in acceptance(ds) if r.spec_id == "P004-16")
     assert row.verdict == verdict and abs(row.value - float(np.mean(ssim10[0]))) <= 1e-12
+
+
+def test_stored_cifar_net_holds_indices_and_load_nets_rebuilds_its_data(cifar_net, tmp_path):
+    """Issue 13 item 4: the train stage stores a CIFAR net's training set as indices plus a checksum
+    (X is fill in the store, never a copy); load_nets_at rebuilds the rows, checksum checked."""
+    from flows.sweep import open_store
+    from storage.nets import load_nets_at
+    from storage.query import open_results
+
+    cell, res = cifar_net
+    cfg = config.parse({"name": "cifar", "stages": [{"name": "nets", "experiment": "train",
+                                                     "grid": {"seed": [cell["seed"]]},
+                                                     "params": {k: v for k, v in cell.items() if k != "seed"}}]})
+    store = str(tmp_path / "c.zarr")
+    st = open_store(cfg.stages[0], store, "cpu")
+    assert st.write_cell((0,), {k: v for k, v in res.items() if k in cfg.stages[0].exp.variables
+                                and k != "X"} | {"X": res["X_stored"]})
+    ds = open_results(store, "nets")
+    assert bool(np.isnan(ds.X.values).all()) and (ds.data_index.values[0] >= 0).all()
+    nets = load_nets_at(store, "nets", [(0,)])
+    assert nets.problems == [""]
+    np.testing.assert_array_equal(nets.X[0].numpy(), res["X"])

@@ -49,7 +49,9 @@ V = {
     "W": Var("1", "trained first-layer weights w_j (zero past width_used, d_used)", dims=("hidden", "feature"), pad=0.0),
     "b": Var("1", "trained biases b_j (zero past width_used)", dims=("hidden",), pad=0.0),
     "v": Var("1", "trained output weights v_j (zero past width_used)", dims=("hidden",), pad=0.0),
-    "X": Var("1", "training points x_i (zero past m_used, d_used)", dims=("sample", "feature"), pad=0.0),
+    "X": Var("1", "training points x_i (zero past m_used, d_used); not stored (fill) for data read from a file "
+             "(cifar_vehicles: data_index and data_checksum instead; storage.nets.load_nets_at rebuilds X)",
+             dims=("sample", "feature"), pad=0.0),
     "y": Var("1", "training labels y_i in {-1, 1} (zero past m_used)", dims=("sample",), pad=0.0),
     "data_index": Var("1", "index of each training point in the CIFAR-10 training split (data: cifar_vehicles; "
                       "-1 for synthetic data)", "int64", dims=("sample",)),
@@ -108,7 +110,11 @@ def run_bundle(cells: list[dict], device: str = "auto", checkpoint: str | None =
     sets, prov = load_datasets(cells)
     out = nonrobust.train_then(lambda net, X, y, mask, cells, gens: cell_fn.pack(net, X, y, cells, gens),
                                cells, device, checkpoint, datasets=sets)
-    return [dict(res, **p) for res, p in zip(out, prov)]
+    out = [dict(res, **p) for res, p in zip(out, prov)]
+    for res, c in zip(out, cells):  # file data: indices and a checksum, never a copy of the data set
+        if c["data"] == CIFAR:
+            res["X"] = res["X"][:0]
+    return out
 
 
 EXPERIMENT = register(Experiment(
