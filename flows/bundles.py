@@ -54,3 +54,22 @@ def memory_budget(device: str, workers: int, fraction: float = 0.5) -> float:
     except (OSError, StopIteration):
         avail = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
     return fraction * avail / max(workers, 1)
+
+
+def bundle_name(stage: str, dims: list[str], cells: list[dict]) -> str:
+    """A task run's name that says what runs: ``nets d=25..50 seed=0..2 (6 cells)`` (each dim's
+    value, or its first..last value in the bundle when the cells differ along it)."""
+    parts = []
+    for dim in dims:
+        values = [c.get(dim) for c in cells]
+        distinct = list(dict.fromkeys(map(str, values)))
+        if len(distinct) == 1:
+            parts.append(f"{dim}={distinct[0]}")
+        else:
+            try:
+                lo, hi = min(values), max(values)
+            except TypeError:
+                lo, hi = distinct[0], distinct[-1]
+            parts.append(f"{dim}={lo}..{hi}")
+    return f"{stage} {' '.join(parts)} ({len(cells)} cell{'s' if len(cells) != 1 else ''})"[:200]
+

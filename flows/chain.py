@@ -13,7 +13,7 @@ cached bundle that read another version of its upstream cells than the stored on
 worker reads its inputs from the store (``storage.nets.load_nets_at``); a cell whose upstream cell
 failed or holds no nets is stored as failed with that reason.
 
-Task runs are named ``<stage>: <n> cells <first cell>``. The worker writes its cells' regions of
+Task runs are named by stage and cells (``nets d=25..50 seed=0..2 (6 cells)``). The worker writes its cells' regions of
 the store and a receipt (:mod:`flows.result_cache`) and returns the receipt; the flow marks the
 cells done and drops it (no array passes through Prefect or the flow process).
 """
@@ -30,7 +30,7 @@ from deploy import dask as dask_specs
 from flows import checkpoint as checkpoint_io
 from flows import result_cache
 from flows.result_cache import FAILED, HASH, REFUSED
-from flows.bundles import make_bundles, memory_budget
+from flows.bundles import bundle_name, make_bundles, memory_budget
 from flows.progress import Progress
 from storage.schema import UPSTREAM_HASH
 from storage.stale import read_another_version
@@ -44,6 +44,7 @@ class Writer:
         self.kw = {"force": force, "replace_failed": retry_failed}
 
     def write(self, bundle, receipts: list[dict], *, cached: bool) -> None:
+        failed = self.stats["failed"]
         for (idx, _), got in zip(bundle, receipts):
             if FAILED in got:
                 ok = self.store.write_failed(idx, str(got[FAILED]), **self.kw)
@@ -56,7 +57,7 @@ class Writer:
                 self.stats["written"] += ok
             self.stats["refused_done"] += not ok
         self.stats["from_cache" if cached else "computed"] += len(bundle)
-        self.progress.advance(len(bundle))
+        self.progress.advance(len(bundle), cached=len(bundle) if cached else 0, failed=self.stats["failed"] - failed)
 
 
 class _Stage:
@@ -69,6 +70,14 @@ class _Stage:
         self.pending = {tuple(idx) for idx, _ in todo}  # cells this run computes
         self.waiting: dict[tuple, list] = defaultdict(list)  # pending upstream cell -> this stage's cells
         self.readers: list[_Stage] = []
+        self._coords: dict | None = None
+
+    def coords(self, idx) -> dict:
+        """The grid coordinates of the cell at ``idx`` (as stored: a case axis holds its labels)."""
+        if self._coords is None:
+            g = self.store.group()
+            self._coords = {dim: [v.item() for v in g[dim][...]] for dim in self.store.dims()}
+        return {dim: self._coords[dim][i] for dim, i in zip(self._coords, idx)}
 
 
 class Scheduler:
@@ -90,8 +99,8 @@ class Scheduler:
             stats["done_before"] = done_before
             writer = None
             if todo:
-                writer = Writer(store, stats, Progress(cfg.n_cells, cfg.n_cells - len(todo), cfg.name),
-                                 force, retry_failed)
+                writer = Writer(store, stats, Progress(cfg.n_cells, cfg.n_cells - len(todo), cfg.name,
+                                                       store=str(store_path)), force, retry_failed)
             st = _Stage(cfg, store, todo, done_before, stats, writer)
             if cfg.source:
                 st.up = by_name[cfg.source]
@@ -137,7 +146,7 @@ class Scheduler:
                 self._store(st, b, cached, True, cpath, ckpt, None)
                 continue
             inputs = {"store": str(self.path), "group": st.up.cfg.name, "indices": ups} if st.up else None
-            name = f"{cfg.name}: {len(b)} cells from {st.store.cell_label(b[0][0])}"
+            name = bundle_name(cfg.name, st.store.dims(), [st.coords(idx) for idx, _ in b])
             target = {"store": str(self.path), "group": cfg.name, "indices": [list(idx) for idx, _ in b],
                       "force": self.force, "replace_failed": self.retry_failed}
             fn = run_bundle.with_options(retries=cfg.runner["retries"], task_run_name=name)

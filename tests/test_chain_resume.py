@@ -96,8 +96,8 @@ def test_downstream_bundles_start_before_the_upstream_stage_ends(prefect_server,
     stats = _run(cli, path, tmp_path / "p.zarr", tmp_path, "p")
     assert {g: s["written"] for g, s in stats.items()} == {"nets": 6, "robustness": 12}
     runs = _task_runs("pipelined")
-    train = [r for r in runs if r.name.startswith("nets: ")]
-    attack = [r for r in runs if r.name.startswith("robustness: ")]
+    train = [r for r in runs if r.name.startswith("nets d=24 seed=")]
+    attack = [r for r in runs if r.name.startswith("robustness d=24 seed=")]
     assert len(train) == 6 and len(attack) == 12, [r.name for r in runs]
     assert all(r.state.is_completed() for r in runs)
     first_attack = min(r.start_time for r in attack)
@@ -107,8 +107,10 @@ def test_downstream_bundles_start_before_the_upstream_stage_ends(prefect_server,
     for r in attack:
         parents = [by_id[i.id] for i in r.task_inputs.get("wait_for", []) if i.id in by_id]
         assert len(parents) == 1, r.name
-        seed = r.name.split("seed=")[1].split(",")[0]
-        assert f"seed={seed}" in parents[0].name and parents[0].end_time <= r.start_time
+        seed = r.name.split("seed=")[1].split(" ")[0]
+        assert parents[0].name == f"nets d=24 seed={seed} (1 cell)" and parents[0].end_time <= r.start_time
+        assert r.name in (f"robustness d=24 seed={seed} attack={a} slack=1.1 (1 cell)"
+                          for a in ("margin_direction", "random_direction"))
 
 
 MOMENTS = {
