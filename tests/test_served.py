@@ -46,8 +46,18 @@ def test_prefect_server_pool_worker_deployment_submit(cli, tmp_path, write_confi
         assert "Completed" in res.stdout and f"127.0.0.1:{port}/runs/flow-run/" in res.stdout
         ds = open_results(store)
         assert bool(ds.done.all()) and (ds.status == 1).all()
-        # the run is on the server, with its progress artifact
+        # the run is on the server: the parent run (the one submit printed) carries the progress
+        # (artifact text "cells 2/2", log lines); task runs are named by stage and cells (issue 17)
+        chain = {"name": "servedchain", "runner": {"workers": 1, "bundle_size": 1}, "stages": [
+            {"name": "nets", "experiment": "train", "grid": {"d": [16], "seed": [0]}, "params": TINY["params"]},
+            {"name": "robustness", "experiment": "universal_attack", "from": "nets",
+             "grid": {"attack": ["margin_direction"]}}]}
+        res2 = cli.run("submit", write_config(chain, "chain.yaml"), "--store", tmp_path / "chain.zarr", "--watch",
+                       env=env, timeout=400)
+        assert res2.returncode == 0, res2.stdout + res2.stderr[-3000:]
+        assert bool(open_results(tmp_path / "chain.zarr", "robustness").done.all())
         from prefect.client.orchestration import get_client
+        from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
         from prefect.settings import PREFECT_API_URL, temporary_settings
 
         with temporary_settings(updates={PREFECT_API_URL: env["PREFECT_API_URL"]}):
@@ -55,11 +65,25 @@ def test_prefect_server_pool_worker_deployment_submit(cli, tmp_path, write_confi
 
             async def runs():
                 async with get_client() as client:
-                    return await client.read_flow_runs(), await client.read_artifacts()
+                    frs = await client.read_flow_runs()
+                    parents = [fr for fr in frs if fr.parent_task_run_id is None]
+                    logs = {fr.id: await client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[fr.id])))
+                            for fr in parents}
+                    return frs, parents, await client.read_artifacts(), logs, await client.read_task_runs()
 
-            flow_runs, artifacts = asyncio.run(runs())
-        assert {fr.state.name for fr in flow_runs} == {"Completed"} and len(flow_runs) == 2  # submit + sweep
-        assert any(a.type == "progress" and float(a.data) == 100.0 for a in artifacts)
+            flow_runs, parents, artifacts, logs, task_runs = asyncio.run(runs())
+        assert {fr.state.name for fr in flow_runs} == {"Completed"} and len(flow_runs) == 4  # 2 x (submit + sweep)
+        assert len(parents) == 2
+        for parent in parents:
+            mine = [a for a in artifacts if a.flow_run_id == parent.id]
+            assert any(a.type == "progress" and float(a.data) == 100.0 for a in mine)
+            texts = [str(a.data) for a in mine if a.type == "markdown"]
+            assert any("cells 2/2 (100%)" in t for t in texts) or any("cells 1/1 (100%)" in t for t in texts), texts
+            assert any("cells" in log.message and "ETA" in log.message for log in logs[parent.id])
+        assert any(a.key == "kktlab-chain-robustness" for a in artifacts)
+        names = {t.name for t in task_runs}
+        assert "served d=16 seed=0 (1 cell)" in names and "nets d=16 seed=0 (1 cell)" in names, names
+        assert "robustness d=16 seed=0 attack=margin_direction (1 cell)" in names, names
     finally:
         if worker is not None:
             launch.stop(worker)
