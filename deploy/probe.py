@@ -3,6 +3,7 @@ store, so a dead or mistyped address is one line in seconds, not a traceback aft
 
 from __future__ import annotations
 
+import os
 import socket
 import urllib.error
 import urllib.parse
@@ -11,6 +12,26 @@ import urllib.request
 from core.errors import UserError
 
 TIMEOUT_S = 3.0
+
+
+def api_url() -> str | None:
+    """The Prefect API every kktlab command uses: ``$PREFECT_API_URL``, else the URL set in the
+    active Prefect profile (``prefect config set PREFECT_API_URL=...``, as the server's banner says),
+    read the way the Prefect CLI reads it; None when neither is set (an embedded server is used).
+    A URL found in the profile is exported, so Dask workers started later see it too."""
+    url = os.environ.get("PREFECT_API_URL")
+    if url:
+        return url
+    try:
+        from prefect.settings import get_current_settings
+
+        url = get_current_settings().api.url
+    except Exception:  # noqa: BLE001 - an unreadable profile is Prefect's to report
+        return None
+    if url:
+        os.environ["PREFECT_API_URL"] = str(url)
+        return str(url)
+    return None
 
 
 def check_prefect_api(url: str, timeout: float = TIMEOUT_S) -> None:

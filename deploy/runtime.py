@@ -31,10 +31,14 @@ def quiet_env() -> None:
 
 @contextlib.contextmanager
 def prefect_api():
-    """Use $PREFECT_API_URL if set (a real server), else start one embedded server for the run."""
+    """Use $PREFECT_API_URL or the active profile's URL if set (a real server,
+    :func:`deploy.probe.api_url`), else start one embedded server for the run."""
+    from deploy.probe import api_url
+
     quiet_env()
-    if os.environ.get("PREFECT_API_URL"):
-        yield os.environ["PREFECT_API_URL"]
+    url = api_url()
+    if url:
+        yield url
         return
     from prefect.server.api.server import SubprocessASGIServer
     from prefect.settings import PREFECT_API_URL, temporary_settings

@@ -9,14 +9,17 @@ import signal
 import sys
 
 from core.errors import UserError
+from kktlab import served
 
 
 def check_prefect_api() -> None:
-    """A set $PREFECT_API_URL must answer now (else the sweep fails after retries, store made)."""
-    if os.environ.get("PREFECT_API_URL"):
-        from deploy.probe import check_prefect_api as probe
+    """A set API URL ($PREFECT_API_URL or the Prefect profile's) must answer now (else the sweep
+    fails after retries, store made)."""
+    from deploy.probe import api_url
+    from deploy.probe import check_prefect_api as probe
 
-        probe(os.environ["PREFECT_API_URL"])
+    if api_url():
+        probe(api_url())
 
 
 SHOWN_DAMAGED = 5  # damaged cells named by status, show and run (verify names them all)
@@ -169,55 +172,6 @@ def _say_how_far(cfgs, stores) -> None:
             print(f"kktlab: interrupted: {stage.name}: {got} in {store}; the same command resumes", file=sys.stderr)
 
 
-def cmd_submit(args) -> int:
-    """Create a flow run of the experiment's deployment on a Prefect server (served mode)."""
-    from flows import config as config_mod
-
-    runner = {"cluster": "address", "address": args.dask_address} if args.dask_address is not None else {}
-    if args.max_cells is not None:
-        runner["max_cells"] = args.max_cells
-    overrides = {"runner": runner} if runner else {}
-    cfg = config_mod.load(args.config, overrides)  # validated here, before anything is queued
-    api = os.environ.get("PREFECT_API_URL")
-    if not api:
-        raise UserError("PREFECT_API_URL is not set: start a server (make server) and export its URL")
-    check_prefect_api()
-    from deploy import runtime
-
-    runtime.quiet_env()
-    from prefect.deployments import run_deployment
-    from prefect.exceptions import ObjectNotFound
-
-    from flows.served import FLOW_NAME
-
-    name = f"{FLOW_NAME}/{cfg.stages[0].experiment}"  # a chain runs under its first stage's deployment
-    params = {"config_path": os.path.abspath(args.config), "store": os.path.abspath(cfg.store_path(args.store)),
-              "overrides": overrides, "force": args.force}
-    try:
-        run = run_deployment(name, parameters=params, timeout=None if args.watch else 0)
-    except ObjectNotFound:
-        raise UserError(f"no deployment {name!r} on {api}: run 'make deploy' first") from None
-    ui = api.rstrip("/").removesuffix("/api") + f"/runs/flow-run/{run.id}"
-    print(f"flow run {run.name} ({run.id}) of {name}: {run.state.name if run.state else '?'}\n  {ui}")
-    print(f"  store: {params['store']}  (kktlab status {params['store']})")
-    if args.watch and not (run.state and run.state.is_completed()):
-        return 1
-    return 0
-
-
-def cmd_deploy(args) -> int:
-    """Create the process work pool and one deployment per experiment (served mode)."""
-    from deploy.prefect_deploy import deploy_all
-    from flows import experiments
-
-    if not os.environ.get("PREFECT_API_URL"):
-        raise UserError("PREFECT_API_URL is not set: start a server (make server) and export its URL")
-    check_prefect_api()
-    ids = deploy_all(args.pool, {name: experiments.get(name).description for name in experiments.names()})
-    print(f"deployed {len(ids)} deployments to work pool {args.pool}")
-    return 0
-
-
 def cmd_status(args) -> int:
     """Cells done / total per group; done cells that are damaged (storage/verify.py) are not
     counted as done but named below (exit status 1); stale done cells (storage/stale.py) are named too."""
@@ -324,12 +278,12 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--store")
     s.add_argument("--dask-address", help="run the sweep on this Dask scheduler")
     s.add_argument("--force", action="store_true")
-    s.add_argument("--watch", action="store_true", help="wait for the flow run to finish")
+    s.add_argument("--watch", action="store_true", help="follow the flow run to its end (progress per stage)")
     s.add_argument("--max-cells", type=int, help="allow a grid of up to this many cells (runner.max_cells)")
-    s.set_defaults(fn=cmd_submit)
+    s.set_defaults(fn=served.cmd_submit)
     s = sub.add_parser("deploy", help="create the work pool and one deployment per experiment (served mode)")
     s.add_argument("--pool", default="kktlab-pool")
-    s.set_defaults(fn=cmd_deploy)
+    s.set_defaults(fn=served.cmd_deploy)
     s = sub.add_parser("status", help="cells done / total per experiment")
     s.add_argument("store")
     s.set_defaults(fn=cmd_status)

@@ -29,6 +29,16 @@ TINY = {"experiment": "nonrobust", "grid": {"d": [16], "seed": [0, 1]},
         "runner": {"workers": 1, "bundle_size": 1}}
 
 
+def _cancel(env, run_id: str) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.states import Cancelled
+
+    with temporary_settings(updates={PREFECT_API_URL: env["PREFECT_API_URL"]}):
+        with get_client(sync_client=True) as client:
+            client.set_flow_run_state(run_id, Cancelled(), force=True)
+
+
 def test_prefect_server_pool_worker_deployment_submit(cli, tmp_path, write_config):
     port = launch.free_port()
     server, env = launch.prefect_server(tmp_path / "prefect-home", port, tmp_path / "server.log")
@@ -37,6 +47,19 @@ def test_prefect_server_pool_worker_deployment_submit(cli, tmp_path, write_confi
         dep = subprocess.run([*cli.argv, "deploy", "--pool", "kktlab-test"], cwd=cli.root,
                              env=dict(os.environ, **env), capture_output=True, text=True, timeout=120)
         assert dep.returncode == 0, dep.stderr[-2000:]
+        # no worker yet: --watch says so and exits non-zero; the API URL comes from a Prefect profile only
+        home = tmp_path / "profile-home"
+        home.mkdir()
+        (home / "profiles.toml").write_text(f'active = "kk"\n[profiles.kk]\nPREFECT_API_URL = "{env["PREFECT_API_URL"]}"\n')
+        no_url = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+        t0 = time.monotonic()
+        lone = subprocess.run([*cli.argv, "submit", write_config(dict(TINY, name="lonely"), "lonely.yaml"), "--store",
+                               tmp_path / "lonely.zarr", "--watch"], cwd=cli.root, capture_output=True, text=True,
+                              env=dict(no_url, PREFECT_HOME=str(home), KKTLAB_NO_WORKER_S="3"), timeout=120)
+        assert lone.returncode == 2 and time.monotonic() - t0 < 60, lone.stdout + lone.stderr
+        assert "no worker is polling work pool 'kktlab-test'" in lone.stderr and "Traceback" not in lone.stderr
+        assert f"127.0.0.1:{port}/runs/flow-run/" in lone.stdout  # the profile's server was used
+        _cancel(env, lone.stdout.split("(")[1].split(")")[0])
         worker = launch.start([f"{launch.BIN}/prefect", "worker", "start", "--pool", "kktlab-test",
                                  "--type", "process"], tmp_path / "pworker.log", env)
         path = write_config(dict(TINY, name="served"))
@@ -72,6 +95,8 @@ def test_prefect_server_pool_worker_deployment_submit(cli, tmp_path, write_confi
                     return frs, parents, await client.read_artifacts(), logs, await client.read_task_runs()
 
             flow_runs, parents, artifacts, logs, task_runs = asyncio.run(runs())
+        flow_runs = [fr for fr in flow_runs if fr.state.name != "Cancelled"]  # the one no worker took
+        parents = [fr for fr in parents if fr.state.name != "Cancelled"]
         assert {fr.state.name for fr in flow_runs} == {"Completed"} and len(flow_runs) == 4  # 2 x (submit + sweep)
         assert len(parents) == 2
         for parent in parents:

@@ -1,0 +1,123 @@
+"""``kktlab submit`` and ``kktlab deploy``: served mode as a user sees it (issue 17).
+
+``submit`` queues a config on a Prefect server (one deployment per experiment; a chain runs under
+its first stage's) and prints the flow run's URL; with ``--watch`` it follows the run: the progress
+lines of each stage as the sweep logs them (cells done / total, ETA, from cache, failed), the
+final state, and one clear line and a non-zero exit when no worker picks the run up, the run
+fails or crashes, or Ctrl-C stops the watching (the run goes on on the server)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from core.errors import UserError
+
+# a run still scheduled after this long with no live worker in its pool: say so ($KKTLAB_NO_WORKER_S)
+NO_WORKER_S = float(os.environ.get("KKTLAB_NO_WORKER_S", "30"))
+POLL_S = 2.0
+
+
+def _api() -> str:
+    from deploy.probe import api_url
+    from deploy.probe import check_prefect_api as probe
+
+    api = api_url()
+    if not api:
+        raise UserError("no Prefect API URL: start a server (make server) and export PREFECT_API_URL "
+                        "(or `prefect config set PREFECT_API_URL=...`)")
+    probe(api)
+    return api
+
+
+def cmd_submit(args) -> int:
+    """Create a flow run of the experiment's deployment on a Prefect server (served mode)."""
+    from flows import config as config_mod
+
+    runner = {"cluster": "address", "address": args.dask_address} if args.dask_address is not None else {}
+    if args.max_cells is not None:
+        runner["max_cells"] = args.max_cells
+    overrides = {"runner": runner} if runner else {}
+    cfg = config_mod.load(args.config, overrides)  # validated here, before anything is queued
+    api = _api()
+    from deploy import runtime
+
+    runtime.quiet_env()
+    from prefect.deployments import run_deployment
+    from prefect.exceptions import ObjectNotFound
+
+    from flows.served import FLOW_NAME
+
+    name = f"{FLOW_NAME}/{cfg.stages[0].experiment}"  # a chain runs under its first stage's deployment
+    params = {"config_path": os.path.abspath(args.config), "store": os.path.abspath(cfg.store_path(args.store)),
+              "overrides": overrides, "force": args.force}
+    try:
+        run = run_deployment(name, parameters=params, timeout=0)
+    except ObjectNotFound:
+        raise UserError(f"no deployment {name!r} on {api}: run 'make deploy' first") from None
+    ui = api.rstrip("/").removesuffix("/api") + f"/runs/flow-run/{run.id}"
+    print(f"flow run {run.name} ({run.id}) of {name}: {run.state.name if run.state else '?'}\n  {ui}", flush=True)
+    print(f"  store: {params['store']}  (kktlab status {params['store']})", flush=True)
+    if not args.watch:
+        return 0
+    try:
+        return watch(run.id, ui)
+    except KeyboardInterrupt:
+        print(f"kktlab: stopped watching; the run goes on on the server: {ui}", file=sys.stderr)
+        return 130
+
+
+def _pool_has_live_worker(client, deployment_id) -> tuple[str, bool]:
+    dep = client.read_deployment(deployment_id)
+    workers = client.read_workers_for_work_pool(dep.work_pool_name)
+    return dep.work_pool_name, any(getattr(w, "status", None) and str(w.status.value).upper() == "ONLINE"
+                                   for w in workers)
+
+
+def watch(run_id, ui: str, no_worker_s: float = NO_WORKER_S) -> int:
+    """Follow flow run ``run_id`` to its end, printing its progress log lines as they come."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.client.schemas.sorting import LogSort
+
+    t0, seen, last_state = time.monotonic(), set(), None
+    with get_client(sync_client=True) as client:
+        while True:
+            run = client.read_flow_run(run_id)
+            state = run.state
+            if state and state.name != last_state:
+                last_state = state.name
+                print(f"kktlab: flow run {run.name}: {state.name}", flush=True)
+            # the sweep logs its progress lines to the root flow run (flows/progress.py): this one
+            for log in client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])),
+                                        sort=LogSort.TIMESTAMP_ASC):
+                if log.id not in seen and "cells" in log.message and "ETA" in log.message:
+                    seen.add(log.id)
+                    print(f"  {log.message}", flush=True)
+            if state and state.is_final():
+                break
+            if state and state.is_scheduled() and time.monotonic() - t0 > no_worker_s:
+                pool, live = _pool_has_live_worker(client, run.deployment_id)
+                if not live:
+                    raise UserError(f"no worker is polling work pool '{pool}' ({no_worker_s:.0f} s and the run is "
+                                    f"still {state.name}): start one with `make worker` (POOL={pool}); the run stays "
+                                    f"queued: {ui}")
+            time.sleep(POLL_S)
+    if state.is_completed():
+        return 0
+    message = (state.message or "").strip().splitlines()
+    print(f"kktlab: error: the flow run ended {state.name}" + (f": {message[0][:300]}" if message else "") +
+          f"; its logs: {ui}", file=sys.stderr)
+    return 1
+
+
+def cmd_deploy(args) -> int:
+    """Create the process work pool and one deployment per experiment (served mode)."""
+    from deploy.prefect_deploy import deploy_all
+    from flows import experiments
+
+    _api()
+    ids = deploy_all(args.pool, {name: experiments.get(name).description for name in experiments.names()})
+    print(f"deployed {len(ids)} deployments to work pool {args.pool}")
+    return 0
