@@ -14,6 +14,12 @@ POOL    ?= kktlab-pool
 DPORT   ?= 8786
 DHOST   ?= 127.0.0.1
 GPU     ?=
+N       ?= 1
+# one way to name the Prefect server, honoured by every target and kktlab command: an exported
+# PREFECT_API_URL wins; else the local server on PPORT (kktlab commands also read the Prefect profile)
+PREFECT_API_URL ?= http://127.0.0.1:$(PPORT)/api
+# a worker asks the server for queued runs every 2 s (Prefect's default: 10 s)
+export PREFECT_WORKER_QUERY_SECONDS ?= 2
 
 .PHONY: venv install run test test-fast bench server worker deploy dask-scheduler dask-worker clean
 
@@ -41,17 +47,17 @@ server: install
 	PREFECT_UI_API_URL=http://127.0.0.1:$(PPORT)/api $(BIN)/prefect server start --host 127.0.0.1 --port $(PPORT)
 
 worker: install
-	PREFECT_API_URL=http://127.0.0.1:$(PPORT)/api $(BIN)/prefect worker start --pool $(POOL) --type process
+	PREFECT_API_URL=$(PREFECT_API_URL) $(BIN)/prefect worker start --pool $(POOL) --type process
 
 deploy: install
-	PREFECT_API_URL=http://127.0.0.1:$(PPORT)/api $(BIN)/kktlab deploy --pool $(POOL)
+	PREFECT_API_URL=$(PREFECT_API_URL) $(BIN)/kktlab deploy --pool $(POOL)
 
 dask-scheduler: install
 	$(BIN)/python -m deploy.launch scheduler --host $(DHOST) --port $(DPORT)
 
-# one per GPU: CUDA_VISIBLE_DEVICES=i make dask-worker GPU=1
+# N worker processes: make dask-worker N=4; one per GPU: CUDA_VISIBLE_DEVICES=i make dask-worker GPU=1
 dask-worker: install
-	$(BIN)/python -m deploy.launch worker tcp://$(DHOST):$(DPORT) --host $(DHOST) $(if $(GPU),--gpu)
+	$(BIN)/python -m deploy.launch worker tcp://$(DHOST):$(DPORT) --host $(DHOST) -n $(N) $(if $(GPU),--gpu)
 
 clean:
 	rm -rf results .prefect .pytest_cache

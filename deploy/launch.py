@@ -46,9 +46,10 @@ def scheduler_args(host: str = "127.0.0.1", port: int = 8786) -> list[str]:
     return [f"{BIN}/dask", "scheduler", "--host", host, "--port", str(port), "--dashboard-address", f"{host}:0"]
 
 
-def worker_args(address: str, name: str | None = None, host: str = "127.0.0.1", gpu: bool = False) -> list[str]:
-    """One single-threaded worker process (bundles are already batched tensor problems)."""
-    args = [f"{BIN}/dask", "worker", address, "--host", host, "--nworkers", "1", "--nthreads", "1",
+def worker_args(address: str, name: str | None = None, host: str = "127.0.0.1", gpu: bool = False,
+                n: int = 1) -> list[str]:
+    """``n`` single-threaded worker processes (bundles are already batched tensor problems)."""
+    args = [f"{BIN}/dask", "worker", address, "--host", host, "--nworkers", str(n), "--nthreads", "1",
             "--dashboard-address", f"{host}:0"]
     if name:
         args += ["--name", name]
@@ -141,8 +142,9 @@ def main(argv=None) -> int:
     s = sub.add_parser("scheduler", help="run a dask scheduler in the foreground")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8786)
-    w = sub.add_parser("worker", help="run one single-threaded dask worker in the foreground")
+    w = sub.add_parser("worker", help="run N single-threaded dask worker processes in the foreground")
     w.add_argument("address")
+    w.add_argument("-n", "--nworkers", type=int, default=1, help="worker processes (one per core; GPU: one per GPU)")
     w.add_argument("--host", default="127.0.0.1")
     w.add_argument("--name")
     w.add_argument("--gpu", action="store_true", help="advertise the GPU=1 resource (one worker per GPU)")
@@ -150,7 +152,7 @@ def main(argv=None) -> int:
     if a.what == "scheduler":
         args, env = scheduler_args(a.host, a.port), {}
     else:
-        args, env = worker_args(a.address, a.name, a.host, a.gpu), worker_env()
+        args, env = worker_args(a.address, a.name if a.nworkers == 1 else None, a.host, a.gpu, a.nworkers), worker_env()
     os.execve(args[0], args, dict(os.environ, **env))
     return 0  # not reached
 

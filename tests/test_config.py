@@ -123,3 +123,18 @@ def test_every_shipped_config_is_valid():
 
     for path in sorted(pathlib.Path(__file__).resolve().parents[1].glob("configs/*.yaml")):
         config.load(path)
+
+
+def test_prefect_yaml_lists_every_deployment():
+    """deploy/prefect.yaml (the `prefect deploy` route) names the same deployments as `kktlab deploy`:
+    one per experiment (issue 17)."""
+    import pathlib
+
+    import yaml
+
+    from flows import experiments
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    deployments = yaml.safe_load((root / "deploy" / "prefect.yaml").read_text())["deployments"]
+    assert sorted(d["name"] for d in deployments) == experiments.names()
+    assert {d["entrypoint"] for d in deployments} == {"flows/served.py:submit"}
