@@ -179,6 +179,13 @@ def cmd_status(args) -> int:
     from storage.stale import status_lines as stale_lines
 
     rc = 0
+    if not os.path.exists(args.store) and not os.path.exists(args.store + ".partial"):
+        print(f"{args.store}: no store yet (nothing written; a submitted run creates it once a worker starts it: "
+              "queued, or not submitted)")
+        return 3
+    if not os.path.exists(args.store):
+        print(f"{args.store}: being created (its run is starting)")
+        return 3
     reports = _verify(args.store)  # metadata damage: one line (StoreError) before anything else reads it
     failures = {row["group"]: row for row in status(args.store)}
     for r in reports:

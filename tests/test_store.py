@@ -133,3 +133,14 @@ def test_bundles_spread_over_workers():
     items = list(enumerate(c.cells()))
     assert [len(b) for b in make_bundles(exp, items, bundle_size=64, workers=1)] == [10]
     assert [len(b) for b in make_bundles(exp, items, bundle_size=64, workers=4)] == [3, 3, 3, 1]
+
+
+def test_status_of_a_store_not_created_yet_says_so(tmp_path, capsys):
+    """Issue 17: a store a queued run has not created yet is 'no store yet', not a damaged store."""
+    from kktlab.cli import main
+
+    assert main(["status", str(tmp_path / "queued.zarr")]) == 3
+    assert "no store yet" in capsys.readouterr().out
+    (tmp_path / "starting.zarr.partial").mkdir()
+    assert main(["status", str(tmp_path / "starting.zarr")]) == 3
+    assert "being created" in capsys.readouterr().out
