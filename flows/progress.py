@@ -46,6 +46,17 @@ def _api_logger() -> logging.Logger:
     return logger
 
 
+def flush_logs() -> None:
+    """Send the progress log lines still queued to the Prefect API, and wait for it."""
+    if logging.getLogger("prefect.kktlab.progress").handlers:
+        try:
+            from prefect.logging.handlers import APILogHandler
+
+            APILogHandler.flush()
+        except Exception:  # noqa: BLE001 - the UI is best effort
+            pass
+
+
 class Progress:
     """Prints ``[kktlab] nets: cells 12/40 (30%) elapsed 0:00:12 ETA 0:00:28, 4 from cache, 1 failed``
     lines (rate-limited), logs them to the root flow run and keeps its artifacts up to date."""

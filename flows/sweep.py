@@ -217,7 +217,12 @@ def sweep(config: dict, store: str, force: bool = False, retry_failed: bool = Fa
     config = dict(config)
     text = config.pop("_text", "")
     cfg = config_mod.parse(config, text)
-    stats = execute_chain(cfg.stages, store, force, retry_failed)
+    try:
+        stats = execute_chain(cfg.stages, store, force, retry_failed)
+    finally:
+        from flows.progress import flush_logs
+
+        flush_logs()  # the progress lines reach the server before an embedded one stops
     return stats if "stages" in config else stats[0]
 
 
