@@ -103,8 +103,7 @@ def _step(st: TrainState, X, y, mask, sched: Schedule, check_stop: bool, check_d
     elementwise passes over the (E, n, k) activations (relu, sign, outer product g v, product).
     """
     net = st.net
-    H = net.pre(X)  # (E,n,k)
-    A = torch.relu(H)
+    A = torch.relu_(net.pre(X))  # (E,n,k), in place: one (E,n,k) buffer fewer per step
     q = y * torch.bmm(A, net.v.unsqueeze(-1)).squeeze(-1)
     log_l, log_dl = log_loss_terms(q, sched.loss)
     log_l = log_l.masked_fill(~mask, -math.inf)
@@ -122,7 +121,8 @@ def _step(st: TrainState, X, y, mask, sched: Schedule, check_stop: bool, check_d
     g = (y * torch.where(keep, torch.exp(log_w), torch.zeros_like(log_w))).to(X.dtype)  # ascent weights
     dv = torch.bmm(A.transpose(1, 2), g.unsqueeze(-1)).squeeze(-1)
     # g_i v_j 1[h_ij > 0]; sign(relu(h)) is the indicator, and far cheaper than a bool mask on CPU
-    G = g.unsqueeze(-1) * net.v.unsqueeze(1) * torch.sign(A)
+    # (formed in place on the indicator: s·g·v equals g·v·s exactly, s being 0 or 1)
+    G = torch.sign(A).mul_(g.unsqueeze(-1)).mul_(net.v.unsqueeze(1))
     net.W.baddbmm_(G.transpose(1, 2), X)
     net.b += G.sum(1)
     net.v += dv
@@ -137,17 +137,55 @@ def _step(st: TrainState, X, y, mask, sched: Schedule, check_stop: bool, check_d
     st.plateau_pos = torch.where(bump, torch.zeros_like(st.plateau_pos), st.plateau_pos)
 
 
+CHUNK_BYTES = 1 << 20  # CPU: one (chunk, n, k) activation tensor of at most ~1 MiB (issue 19)
+
+
+def auto_chunk(E: int, n: int, k: int, dtype: torch.dtype, device) -> int:
+    """Nets per kernel call: the whole stack on a GPU; on a CPU the largest chunk whose (chunk,
+    n, k) activations fit in ``CHUNK_BYTES`` (at least 1), so that a chunk's working set stays in
+    the L2 cache for all its steps and no temporary reaches malloc's mmap threshold (issue 19:
+    the per-net cost doubled once E·n·k left the cache)."""
+    if torch.device(device).type != "cpu":
+        return E
+    per_net = max(1, n * k * torch.finfo(dtype).bits // 8)
+    return max(1, min(E, CHUNK_BYTES // per_net))
+
+
+def concat_states(states: list[TrainState]) -> TrainState:
+    """Stack the states of consecutive chunks of nets into one state."""
+    if len(states) == 1:
+        return states[0]
+    net = TwoLayer(*(torch.cat([getattr(s.net, p) for s in states]) for p in ("W", "b", "v")))
+    return TrainState(net=net, **{f: torch.cat([getattr(s, f) for s in states]) for f in STATE_FIELDS})
+
+
 def train(net: TwoLayer, X: torch.Tensor, y: torch.Tensor, schedule: Schedule, *,
           mask: torch.Tensor | None = None, batch_generators: list[torch.Generator] | None = None,
-          state: TrainState | None = None, max_steps: int | None = None) -> TrainState:
+          state: TrainState | None = None, max_steps: int | None = None,
+          chunk: int | None = None) -> TrainState:
     """Train the stack until every net has converged, died, diverged or hit ``max_iters``.
 
     X (E,m,d), y (E,m) in {±1}, mask (E,m) marks real samples (padding is False). If
     m > batch_size, plain SGD with a fresh per-net permutation each epoch (spec A4; needs
     ``batch_generators``, one per net, and no padding). ``state`` continues an earlier call;
     ``max_steps`` bounds this call (for checkpointing), the returned state says where it stopped.
+
+    ``chunk`` nets run together (default :func:`auto_chunk`): each chunk of the stack runs all
+    its steps before the next one starts. Nets never interact, so every net's numbers are those
+    of an unchunked run (tests/test_train.py pins it).
     """
     E, m, _ = X.shape
+    chunk = auto_chunk(E, min(m, schedule.batch_size), net.W.shape[1], X.dtype, X.device) if chunk is None else chunk
+    if chunk < E:
+        parts = []
+        for lo in range(0, E, chunk):
+            sl = slice(lo, min(E, lo + chunk))
+            sub = None if state is None else TrainState(
+                net=state.net.select(sl), **{f: getattr(state, f)[sl] for f in STATE_FIELDS})
+            parts.append(train(net.select(sl), X[sl], y[sl], schedule, mask=None if mask is None else mask[sl],
+                               batch_generators=None if batch_generators is None else batch_generators[sl],
+                               state=sub, max_steps=max_steps, chunk=sl.stop - sl.start))
+        return concat_states(parts)
     mask = torch.ones(E, m, dtype=torch.bool, device=X.device) if mask is None else mask
     st = state if state is not None else init_state(net, schedule)
     full_batch = m <= schedule.batch_size
