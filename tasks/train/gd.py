@@ -80,7 +80,7 @@ def init_state(net: TwoLayer, schedule: Schedule) -> TrainState:
 
 
 def _status(st: TrainState, cond: torch.Tensor, code: int) -> None:
-    st.status = torch.where(st.running & cond, torch.tensor(code, dtype=torch.int8, device=cond.device), st.status)
+    st.status = st.status.masked_fill(st.running & cond, code)
 
 
 def _separated(q: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -96,19 +96,24 @@ def _full_data_check(st: TrainState, log_L: torch.Tensor, separated: torch.Tenso
     _status(st, ~torch.isfinite(log_L), DIVERGED)
 
 
-def _step(st: TrainState, X, y, mask, sched: Schedule, check_stop: bool, check_dead: bool) -> None:
-    """One GD step on batch (X, y, mask) for every running net, in place.
+def _step(st: TrainState, X, y, mask, sched: Schedule, check_stop: bool, check_dead: bool,
+          log_m: torch.Tensor, padded: bool) -> None:
+    """One GD step on batch (X, y, mask) for every running net, in place. ``log_m`` (E,) is
+    log(mask.sum(1)) in float64, ``padded`` whether any sample is masked out (both constant over
+    a call of :func:`train`, so formed once there).
 
     Cost per step: two bmm for the forward/backward of W, two thin bmm for v, and four
-    elementwise passes over the (E, n, k) activations (relu, sign, outer product g v, product).
+    elementwise passes over the (E, n, k) activations (the bias broadcast inside ``baddbmm``,
+    relu in place, the indicator sign(A), and two in-place products with g and v).
     """
     net = st.net
     A = torch.relu_(net.pre(X))  # (E,n,k), in place: one (E,n,k) buffer fewer per step
     q = y * torch.bmm(A, net.v.unsqueeze(-1)).squeeze(-1)
     log_l, log_dl = log_loss_terms(q, sched.loss)
-    log_l = log_l.masked_fill(~mask, -math.inf)
+    if padded:
+        log_l = log_l.masked_fill(~mask, -math.inf)
     lse = torch.logsumexp(log_l.to(torch.float64), 1)  # log Σ ℓ
-    log_L = lse - torch.log(mask.sum(1).to(torch.float64))  # mean reduction (spec A2)
+    log_L = lse - log_m  # mean reduction (spec A2)
     if check_stop:  # full batch: the batch is the data, checked every step (spec A3)
         _full_data_check(st, log_L, _separated(q, mask), sched)
     if check_dead:  # no neuron active on any sample: GD can never move again (spec A22)
@@ -117,7 +122,8 @@ def _step(st: TrainState, X, y, mask, sched: Schedule, check_stop: bool, check_d
     # log of lr·L·π_i, formed in float64; weights below the dtype's smallest normal are 0
     # (subnormals would add nothing measurable and slow the CPU down ~100x)
     log_w = log_dl.to(torch.float64) - lse.unsqueeze(1) + (st.log_lr + log_L).unsqueeze(1)
-    keep = mask & run.unsqueeze(1) & (log_w > math.log(torch.finfo(X.dtype).tiny))
+    keep = run.unsqueeze(1) & (log_w > math.log(torch.finfo(X.dtype).tiny))
+    keep = keep & mask if padded else keep
     g = (y * torch.where(keep, torch.exp(log_w), torch.zeros_like(log_w))).to(X.dtype)  # ascent weights
     dv = torch.bmm(A.transpose(1, 2), g.unsqueeze(-1)).squeeze(-1)
     # g_i v_j 1[h_ij > 0]; sign(relu(h)) is the indicator, and far cheaper than a bool mask on CPU
@@ -129,12 +135,13 @@ def _step(st: TrainState, X, y, mask, sched: Schedule, check_stop: bool, check_d
     # schedule: per-net plateau counter; the period shortens once the net separates the data
     st.iters += run
     st.plateau_pos += run
-    period = torch.full_like(st.plateau_pos, sched.period)
-    if sched.period_fast is not None:  # full-data separation, never the minibatch's (E14)
-        period = torch.where(st.separated, torch.full_like(period, sched.period_fast), period)
-    bump = run & (st.plateau_pos >= period)
+    if sched.period_fast is None:
+        bump = run & (st.plateau_pos >= sched.period)
+    else:  # full-data separation, never the minibatch's (E14)
+        period = torch.where(st.separated, sched.period_fast, sched.period)
+        bump = run & (st.plateau_pos >= period)
     st.log_lr = torch.where(bump, (st.log_lr + math.log(sched.factor)).clamp_max(sched.max_log_lr), st.log_lr)
-    st.plateau_pos = torch.where(bump, torch.zeros_like(st.plateau_pos), st.plateau_pos)
+    st.plateau_pos = st.plateau_pos.masked_fill(bump, 0)
 
 
 CHUNK_BYTES = 1 << 20  # CPU: one (chunk, n, k) activation tensor of at most ~1 MiB (issue 19)
@@ -194,12 +201,14 @@ def train(net: TwoLayer, X: torch.Tensor, y: torch.Tensor, schedule: Schedule, *
             raise ValueError("padded samples (mask) are not supported with minibatches")
         if batch_generators is None or len(batch_generators) != E:
             raise ValueError("minibatch training needs one batch generator per net")
+    padded = full_batch and not bool(mask.all())
+    log_m = torch.log(mask.sum(1).to(torch.float64)) if full_batch else None
     steps, batches = 0, []
     max_steps = max_steps if max_steps is not None else schedule.max_iters
     while steps < max_steps:
         check_dead = steps % schedule.sync_every == 0
         if full_batch:
-            _step(st, X, y, mask, schedule, check_stop=True, check_dead=check_dead)
+            _step(st, X, y, mask, schedule, check_stop=True, check_dead=check_dead, log_m=log_m, padded=padded)
         else:
             if not batches:
                 perms = torch.stack([torch.randperm(m, generator=gen) for gen in batch_generators]).to(X.device)
@@ -207,7 +216,9 @@ def train(net: TwoLayer, X: torch.Tensor, y: torch.Tensor, schedule: Schedule, *
             idx = batches.pop(0)
             Xb = torch.gather(X, 1, idx.unsqueeze(-1).expand(-1, -1, X.shape[2]))
             yb = torch.gather(y, 1, idx)
-            _step(st, Xb, yb, torch.ones_like(yb, dtype=torch.bool), schedule, check_stop=False, check_dead=check_dead)
+            nb = torch.full((E,), float(idx.shape[1]), dtype=torch.float64, device=X.device)
+            _step(st, Xb, yb, torch.ones_like(yb, dtype=torch.bool), schedule, check_stop=False,
+                  check_dead=check_dead, log_m=torch.log(nb), padded=False)
         steps += 1
         at_sync = steps % schedule.sync_every == 0
         if not full_batch and (at_sync or steps == max_steps):
