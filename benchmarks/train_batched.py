@@ -204,10 +204,11 @@ def grid_row(shape, E, a, env, tmp) -> dict:
 
 def summary(row) -> str:
     ms = row["methods"]
-    parts = [f"n{row['n']} d{row['d']} k{row['k']} {row['dtype']} E{row['E']:5d}: kktlab "
-             f"{ms['kktlab'].get('us_per_net_step_min', float('nan')):7.1f} us/net-step "
-             f"({ms['kktlab'].get('fraction_of_gemm', float('nan')):.0%} of GEMM {row['gemm_gflops']:.0f} GF/s)"]
-    for m in METHODS[1:]:  # noqa: B007
+    head = (f"n{row['n']} d{row['d']} k{row['k']} {row['dtype']} E{row['E']:5d}: kktlab "
+            f"{ms['kktlab'].get('us_per_net_step_min', float('nan')):7.1f} us/net-step "
+            f"({ms['kktlab'].get('fraction_of_gemm', float('nan')):.0%} of GEMM {row['gemm_gflops']:.0f} GF/s)")
+    parts = [head]
+    for m in METHODS[1:]:
         if m in ms and "kktlab_speedup" in ms[m]:
             parts.append(f"{m} {ms[m]['kktlab_speedup']:.2f}x")
     return "  ".join(parts)
@@ -222,6 +223,8 @@ def main(argv=None):
     ap.add_argument("--min-steps", type=int, default=10)
     ap.add_argument("--max-loop-net-steps", type=int, default=20480, help="skip the loop above this")
     ap.add_argument("--amortise-steps", type=int, default=10_000, help="run length for amortising compile time")
+    ap.add_argument("--shape", nargs=4, action="append", metavar=("N", "D", "K", "DTYPE"),
+                    help="run only these shapes (repeatable); the JSON is named after them")
     ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     ap.add_argument("--bare-env", action="store_true", help="without the workers' malloc settings")
     ap.add_argument("--child")
@@ -239,6 +242,8 @@ def main(argv=None):
 
     shapes = [(50, 50, 100, "float64")] if a.quick else [(20, 20, 32, "float32"), (50, 50, 100, "float64"),
                                                           (50, 50, 100, "float32")]
+    if a.shape:
+        shapes = [(int(n), int(d), int(k), dt) for n, d, k, dt in a.shape]
     if a.quick:
         a.repeats = min(a.repeats, 2)
     env = worker_env(a.bare_env)
@@ -250,6 +255,7 @@ def main(argv=None):
                 rows.append(row)
                 print(summary(row), flush=True)
     name = "train_batched_quick" if a.quick else "train_batched"
+    name += "".join(f"_n{n}d{d}k{k}{dt}" for n, d, k, dt in shapes) if a.shape else ""
     name += "_bare_env" if a.bare_env else ""
     path = write(name, {"env": {k: env.get(k) for k in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_",
                                                        "OMP_NUM_THREADS", "OMP_WAIT_POLICY")},
