@@ -15,7 +15,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 
 BENCHES = {
-    "train_batched": ([], ["--E", "16", "256", "--steps", "50", "--loop-steps", "10"]),
+    "train_batched": (["--quick"], ["--quick", "--E", "16", "256", "--net-steps", "5120"]),
     "cstar_kkt": ([], ["--E", "16"]),
     "forging_rare_event": ([], ["--quick"]),
     "orchestration_overhead": ([], ["--quick", "--big", "1000"]),
@@ -34,9 +34,13 @@ def plot(out: pathlib.Path) -> pathlib.Path:
     for f in sorted(RESULTS.glob("*.json")):
         d = json.loads(f.read_text())
         dev = d.get("device", {}).get("gpu") or d.get("device", {}).get("device", "cpu")
-        if d["benchmark"] == "train_batched":
+        if d["benchmark"].startswith("train_batched"):  # time per net-step of a method / kktlab's
             for r in d["rows"]:
-                labels.append(f"train E={r['E']} ({dev})"), values.append(r["speedup"])
+                for m in ("loop", "vmap_compiled"):
+                    s = r.get("methods", {}).get(m, {}).get("kktlab_speedup")
+                    if s:
+                        labels.append(f"train n{r['n']} k{r['k']} {r['dtype']} E={r['E']}: {m} / kktlab ({dev})")
+                        values.append(s)
         elif d["benchmark"] == "cstar_kkt":
             for k, r in d["rows"].items():
                 labels.append(f"{k} ({dev})"), values.append(r["speedup"])

@@ -1,81 +1,265 @@
-"""Batched vs one-by-one training of E small two-layer nets (paper 002 kernels), same kernels.
+"""The stacked training step (paper 002 kernels) against what a researcher would otherwise write.
 
-Each configuration trains E nets (d=20, m=20, k=32 by default) once as one stacked problem
-(E nets per kernel, ``--steps`` GD steps) and once as a Python loop over the nets with the same
-kernel at E = 1 (the per-model loop of research code, ``--loop-steps`` steps per net: fewer,
-because the loop is slow). The two sides do NOT run the same number of steps: both times are
-divided by their own (nets x steps), and the ratio is of time per net-step. Every step costs
-the same (fixed shapes, a schedule that never stops early). Equal work is checked on the timed
-loop's own nets: their parameters are compared with a batched run of the same ``--loop-steps``
-(``max_param_diff_vs_loop``). Writes benchmarks/results/train_batched.json.
+A grid of shapes (n samples, d features, k width) x E nets x dtype. Every row trains the same E
+nets on the same data for the same number of full-batch GD steps (constant LR, exp loss: the
+log-space step of tasks/train/gd.py is then plain GD, θ ← θ - lr ∇L) with each method:
 
-    python benchmarks/train_batched.py [--E 16 256 1024] [--steps 200] [--device cpu]
+- ``kktlab``: ``tasks.train.train`` (stacked, chunked to the cache on the CPU);
+- ``kktlab_whole``: the same with the whole stack in one kernel call (``chunk=E``);
+- ``loop``: a Python loop over nets, each an ``nn.Module`` (Linear + ReLU + Linear) with
+  ``torch.optim.SGD`` and autograd;
+- ``vmap``: a ``torch.func`` ensemble (``vmap(grad(loss))`` over stacked parameters);
+- ``vmap_compiled``: the same step under ``torch.compile`` (compile time reported apart, and
+  amortised over ``--amortise-steps`` steps in ``us_per_net_step_amortised``);
+- ``gemm``: a dense (1024 x 1024) GEMM of the row's dtype, the reference rate.
+
+Each method runs in a fresh process per repeat (``--repeats``, methods interleaved in a rotated
+order), one torch thread, under the environment kktlab gives its Dask workers
+(``deploy.runtime.QUIET_ENV`` + ``OMP_NUM_THREADS=1``; ``--bare-env`` drops the allocator
+settings). Rows report min and median time per net-step, GFLOP/s (4ndk + 4nk FLOP per net-step),
+the fraction of the GEMM rate measured in the same row, peak RSS, minor page faults per step,
+the load average, and the largest parameter difference of each method from ``kktlab`` over all
+nets. Writes benchmarks/results/train_batched.json (``--quick``: train_batched_quick.json).
+
+    python benchmarks/train_batched.py [--quick] [--repeats 3] [--steps 40]
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
+import json
+import os
 import pathlib
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
-import torch  # noqa: E402
-
-from benchmarks.common import timed, write  # noqa: E402
-from tasks import data, train  # noqa: E402
+METHODS = ("kktlab", "kktlab_whole", "loop", "vmap", "vmap_compiled")
+LR = 1e-3
 
 
-def setup(E, d, m, k, dtype, device):
-    return data.synthetic_stack(range(E), d, m, k, dtype=dtype, device=device)
+def flops_per_net_step(n, d, k):
+    return 4 * n * d * k + 4 * n * k  # two (n,d,k) GEMMs (forward H, backward G^T X), two thin ones for v
+
+
+def child(a) -> dict:
+    """One method, one repeat, in this (fresh) process."""
+    import torch
+
+    torch.set_num_threads(1)
+    dtype = getattr(torch, a.dtype)
+    out = {"method": a.method, "load_avg_1m": os.getloadavg()[0]}
+    if a.method == "gemm":
+        A, B = torch.randn(1024, 1024, dtype=dtype), torch.randn(1024, 1024, dtype=dtype)
+        torch.mm(A, B)
+        ts = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            torch.mm(A, B)
+            ts.append(time.perf_counter() - t0)
+        out["gflops"] = 2 * 1024**3 / min(ts) / 1e9
+        return out
+    from tasks import data, train
+
+    E, n, d, k, steps = a.E, a.n, a.d, a.k, a.steps
+    net, X, y = data.synthetic_stack(range(E), d, n, k, dtype=dtype)
+    sched = train.Schedule(lr0=LR, period=10**9, target_loss=1e-300, max_iters=10**9, sync_every=10**9)
+    W, b, v = net.W.clone(), net.b.clone(), net.v.clone()
+    if a.method in ("kktlab", "kktlab_whole"):
+        chunk = E if a.method == "kktlab_whole" else None
+        train.train(net, X, y, sched, max_steps=2, chunk=chunk)  # warm-up
+
+        def run():
+            return train.train(net, X, y, sched, max_steps=steps, chunk=chunk).net
+    elif a.method == "loop":
+        def run(E=E, steps=steps):
+            res = []
+            for e in range(E):
+                m = torch.nn.Sequential(torch.nn.Linear(d, k, dtype=dtype), torch.nn.ReLU(),
+                                        torch.nn.Linear(k, 1, bias=False, dtype=dtype))
+                with torch.no_grad():
+                    m[0].weight.copy_(W[e]), m[0].bias.copy_(b[e]), m[2].weight.copy_(v[e:e + 1])
+                opt = torch.optim.SGD(m.parameters(), lr=LR)
+                for _ in range(steps):
+                    opt.zero_grad()
+                    torch.exp(-y[e] * m(X[e]).squeeze(-1)).mean().backward()
+                    opt.step()
+                res.append((m[0].weight.detach(), m[0].bias.detach(), m[2].weight.detach()[0]))
+            return res
+
+        run(1, 2)  # warm-up (autograd, optimizer) on net 0
+    else:
+        from torch.func import grad, vmap
+
+        def loss(p, x, t):
+            h = torch.relu(x @ p[0].T + p[1])
+            return torch.exp(-t * (h @ p[2])).mean()
+
+        g_all = vmap(grad(loss))
+
+        def step(p, x, t):
+            g = g_all(p, x, t)
+            return tuple(pi - LR * gi for pi, gi in zip(p, g))
+
+        if a.method == "vmap_compiled":
+            step = torch.compile(step, dynamic=False)
+            t0 = time.perf_counter()
+            step((W, b, v), X, y)
+            out["compile_s"] = time.perf_counter() - t0
+        else:
+            step((W, b, v), X, y)
+
+        def run():
+            p = (W, b, v)
+            for _ in range(steps):
+                p = step(p, X, y)
+            return p
+    r0 = resource.getrusage(resource.RUSAGE_SELF)
+    t0 = time.perf_counter()
+    res = run()
+    t = time.perf_counter() - t0
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
+    if isinstance(res, list):  # loop
+        res = tuple(torch.stack(t) for t in zip(*res))
+    elif not isinstance(res, tuple):
+        res = (res.W, res.b, res.v)
+    torch.save(tuple(r.contiguous() for r in res), a.params_out)
+    out.update(seconds=t, us_per_net_step=t / (E * steps) * 1e6, faults_per_step=(r1.ru_minflt - r0.ru_minflt) / steps,
+               peak_rss_mb=r1.ru_maxrss / 1024)
+    return out
+
+
+def worker_env(bare: bool) -> dict:
+    from deploy.runtime import QUIET_ENV
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    for key, val in QUIET_ENV.items():
+        if bare and key.startswith("MALLOC_"):
+            env.pop(key, None)
+        else:
+            env.setdefault(key, val)
+    return env
+
+
+def run_child(method, shape, E, steps, params_out, env):
+    n, d, k, dtype = shape
+    args = [sys.executable, __file__, "--child", method, "--n", str(n), "--d", str(d), "--k", str(k),
+            "--dtype", dtype, "--E", str(E), "--steps", str(steps), "--params-out", params_out]
+    p = subprocess.run(args, env=env, capture_output=True, text=True, check=False)
+    if p.returncode != 0:
+        return {"method": method, "error": p.stderr[-800:]}
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def grid_row(shape, E, a, env, tmp) -> dict:
+    import torch
+
+    n, d, k, dtype = shape
+    steps = max(a.min_steps, a.net_steps // E)
+    methods = [m for m in a.methods if not (m == "loop" and E * steps > a.max_loop_net_steps)]
+    runs = {m: [] for m in (*methods, "gemm")}
+    params = {}
+    for r in range(a.repeats):
+        order = methods[r % len(methods):] + methods[:r % len(methods)]
+        for m in ["gemm", *order]:
+            pth = os.path.join(tmp, f"{m}.pt")
+            out = run_child(m, shape, E, steps, pth, env)
+            runs[m].append(out)
+            if m != "gemm" and "error" not in out and m not in params:
+                params[m] = torch.load(pth)
+    gemm = max(o["gflops"] for o in runs["gemm"] if "gflops" in o)
+    fl = flops_per_net_step(n, d, k)
+    row = {"n": n, "d": d, "k": k, "dtype": dtype, "E": E, "steps": steps, "gemm_gflops": gemm, "methods": {}}
+    ref = params.get("kktlab")
+    for m in methods:
+        ok = [o for o in runs[m] if "us_per_net_step" in o]
+        if not ok:
+            row["methods"][m] = {"error": runs[m][0].get("error")}
+            continue
+        us = [o["us_per_net_step"] for o in ok]
+        rec = {"us_per_net_step_min": min(us), "us_per_net_step_median": statistics.median(us),
+               "gflops_at_min": fl / (min(us) * 1e-6) / 1e9, "runs": ok,
+               "max_param_diff_vs_kktlab": (max(float((x - y).abs().max()) for x, y in zip(params[m], ref))
+                                           if ref is not None and m in params else None)}
+        rec["fraction_of_gemm"] = rec["gflops_at_min"] / gemm
+        if m == "vmap_compiled":
+            cs = min(o["compile_s"] for o in ok)
+            rec["compile_s_min"] = cs
+            rec["us_per_net_step_amortised"] = min(us) + cs / (E * a.amortise_steps) * 1e6
+        row["methods"][m] = rec
+    base = row["methods"].get("kktlab", {}).get("us_per_net_step_min")
+    for m, rec in row["methods"].items():
+        if base and "us_per_net_step_min" in rec:
+            rec["kktlab_speedup"] = rec["us_per_net_step_min"] / base
+            if "us_per_net_step_amortised" in rec:
+                rec["kktlab_speedup_amortised"] = rec["us_per_net_step_amortised"] / base
+    return row
+
+
+def summary(row) -> str:
+    ms = row["methods"]
+    head = (f"n{row['n']} d{row['d']} k{row['k']} {row['dtype']} E{row['E']:5d}: kktlab "
+            f"{ms['kktlab'].get('us_per_net_step_min', float('nan')):7.1f} us/net-step "
+            f"({ms['kktlab'].get('fraction_of_gemm', float('nan')):.0%} of GEMM {row['gemm_gflops']:.0f} GF/s)")
+    parts = [head]
+    for m in METHODS[1:]:
+        if m in ms and "kktlab_speedup" in ms[m]:
+            parts.append(f"{m} {ms[m]['kktlab_speedup']:.2f}x")
+    return "  ".join(parts)
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="one shape (n=d=50, k=100, float64), 2 repeats")
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--E", type=int, nargs="+", default=[16, 256, 1024])
-    ap.add_argument("--steps", type=int, default=200)
-    ap.add_argument("--loop-steps", type=int, default=50, help="steps per net in the loop baseline")
-    ap.add_argument("--d", type=int, default=20)
-    ap.add_argument("--m", type=int, default=20)
-    ap.add_argument("--k", type=int, default=32)
-    ap.add_argument("--dtype", default="float32", choices=("float32", "float64"))
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    args = ap.parse_args(argv)
-    dtype = getattr(torch, args.dtype)
-    # a schedule that never stops early: every step costs the same on both sides
-    sched = train.Schedule(lr0=1e-3, period=10_000, target_loss=1e-300, max_iters=10**9, sync_every=10**9)
+    ap.add_argument("--net-steps", type=int, default=20480, help="net-steps per method and repeat (steps = this / E)")
+    ap.add_argument("--min-steps", type=int, default=10)
+    ap.add_argument("--max-loop-net-steps", type=int, default=20480, help="skip the loop above this")
+    ap.add_argument("--amortise-steps", type=int, default=10_000, help="run length for amortising compile time")
+    ap.add_argument("--shape", nargs=4, action="append", metavar=("N", "D", "K", "DTYPE"),
+                    help="run only these shapes (repeatable); the JSON is named after them")
+    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    ap.add_argument("--bare-env", action="store_true", help="without the workers' malloc settings")
+    ap.add_argument("--child")
+    ap.add_argument("--n", type=int), ap.add_argument("--d", type=int), ap.add_argument("--k", type=int)
+    ap.add_argument("--dtype", default="float64")
+    ap.add_argument("--steps", type=int)
+    ap.add_argument("--params-out")
+    a = ap.parse_args(argv)
+    if a.child:
+        a.method = a.child
+        a.E = a.E[0]
+        print(json.dumps(child(a)))
+        return
+    from benchmarks.common import write
+
+    shapes = [(50, 50, 100, "float64")] if a.quick else [(20, 20, 32, "float32"), (50, 50, 100, "float64"),
+                                                          (50, 50, 100, "float32")]
+    if a.shape:
+        shapes = [(int(n), int(d), int(k), dt) for n, d, k, dt in a.shape]
+    if a.quick:
+        a.repeats = min(a.repeats, 2)
+    env = worker_env(a.bare_env)
     rows = []
-    for E in args.E:
-        net, X, y = setup(E, args.d, args.m, args.k, dtype, args.device)
-        train.train(net, X, y, sched, max_steps=3)  # warm-up
-        t_b, st = timed(lambda: train.train(net, X, y, sched, max_steps=args.steps), args.device)
-        per_b = t_b / (E * args.steps)
-
-        def loop():
-            return [train.train(net.select(slice(e, e + 1)), X[e:e + 1], y[e:e + 1], sched,
-                                max_steps=args.loop_steps) for e in range(E)]
-
-        t_l, looped = timed(loop, args.device)
-        per_l = t_l / (E * args.loop_steps)
-        # equal work check on the timed loop's own nets: a batched run of the same loop_steps
-        # (untimed) must give the same parameters for every net
-        ref = train.train(net, X, y, sched, max_steps=args.loop_steps).net
-        max_diff = max(float((getattr(one.net, p)[0] - getattr(ref, p)[e]).abs().max())
-                       for e, one in enumerate(looped) for p in ("W", "b", "v"))
-        row = {"E": E, "steps": args.steps, "loop_steps": args.loop_steps, "batched_s": t_b, "loop_s": t_l,
-               "batched_us_per_net_step": per_b * 1e6, "loop_us_per_net_step": per_l * 1e6,
-               "speedup": per_l / per_b, "speedup_is": "ratio of time per net-step (steps differ)",
-               "max_param_diff_vs_loop": max_diff}
-        rows.append(row)
-        print(f"E={E:5d}  batched {per_b * 1e6:8.2f} us/net-step ({args.steps} steps)   loop {per_l * 1e6:8.2f} "
-              f"us/net-step ({args.loop_steps} steps/net)   speedup per net-step {per_l / per_b:7.1f}x   "
-              f"|d params| vs timed loop {max_diff:.1e}", flush=True)
-    target = 5.0 if args.device == "cpu" else 20.0
-    big = [r for r in rows if r["E"] >= 256]
-    path = write("train_batched", {
-        "shape": {"d": args.d, "m": args.m, "k": args.k, "dtype": args.dtype}, "rows": rows,
-        "target_speedup_E_ge_256": target,
-        "target_met": bool(big) and all(r["speedup"] >= target for r in big)}, args.device)
+    with tempfile.TemporaryDirectory() as tmp:
+        for shape in shapes:
+            for E in a.E:
+                row = grid_row(shape, E, a, env, tmp)
+                rows.append(row)
+                print(summary(row), flush=True)
+    name = "train_batched_quick" if a.quick else "train_batched"
+    name += "".join(f"_n{n}d{d}k{k}{dt}" for n, d, k, dt in shapes) if a.shape else ""
+    name += "_bare_env" if a.bare_env else ""
+    path = write(name, {"env": {k: env.get(k) for k in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_",
+                                                       "OMP_NUM_THREADS", "OMP_WAIT_POLICY")},
+                        "repeats": a.repeats, "rows": rows})
     print(f"wrote {path}")
 
 

@@ -62,6 +62,37 @@ def test_resume_from_state_equals_one_call():
     assert torch.equal(rest.iters, full.iters)
 
 
+@pytest.mark.parametrize("minibatch", [False, True], ids=["full-batch", "sgd-A4"])
+def test_chunked_stack_equals_whole_stack_issue19(minibatch):
+    """Chunks of the stack (issue 19, cache-sized kernels) give every net the numbers of one
+    whole-stack run, also when resumed from a state and with per-net minibatch streams."""
+    net, X, y = make(5, 10, 40, 32)
+    sched = (train.Schedule(lr0=1e-2, period=10, target_loss=1e-6, max_iters=3000, batch_size=16, sync_every=20)
+             if minibatch else SCHED)
+
+    def gens():
+        return [data.seed_streams(s, (10, 40))["batches"] for s in range(5)] if minibatch else None
+
+    whole = train.train(net, X, y, sched, batch_generators=gens(), chunk=5)
+    if not minibatch:  # resumed in chunks (the generators would restart, so full batch only)
+        part = train.train(net, X, y, sched, chunk=2, max_steps=140)
+        chunked = train.train(net, X, y, sched, chunk=2, state=part)
+        for p in ("W", "b", "v"):
+            torch.testing.assert_close(getattr(chunked.net, p), getattr(whole.net, p), rtol=0, atol=1e-10)
+    one = train.train(net, X, y, sched, batch_generators=gens(), chunk=2)
+    for p in ("W", "b", "v"):
+        torch.testing.assert_close(getattr(one.net, p), getattr(whole.net, p), rtol=0, atol=1e-10)
+    for f in train.STATE_FIELDS:
+        assert torch.equal(getattr(one, f), getattr(whole, f)), f
+    assert (whole.status == train.CONVERGED).all()
+
+
+def test_auto_chunk_fits_the_cache_on_cpu_only_issue19():
+    assert train.auto_chunk(1024, 50, 100, torch.float64, "cpu") == (1 << 20) // (50 * 100 * 8)
+    assert train.auto_chunk(4, 50, 100, torch.float64, "cpu") == 4
+    assert train.auto_chunk(1024, 50, 100, torch.float64, "meta") == 1024
+
+
 @pytest.mark.slow
 def test_reaches_1e30_in_float32_with_log_space_step():
     """Spec A16: the log-space step reaches loss 1e-30 in float32 (no underflow)."""

@@ -6,7 +6,8 @@ The step is the spec's log-space form of plain GD/SGD on the exponential or logi
     θ ← θ + exp(log lr_t + log L) · Σ_i π_i y_i ∇_θ N(x_i)
 
 so neither L ≈ 1e-30 nor lr ≈ 1e25 is ever formed as a float. Gradients are written by hand
-with two ``bmm`` per step (no autograd graph), all E nets in one kernel. Each net keeps its own
+with two ``bmm`` per step (no autograd graph), all E nets in one kernel (on a CPU in
+cache-sized chunks of nets, :func:`auto_chunk`, issue 19). Each net keeps its own
 schedule state and stops on device when its full-data loss drops below the target; finished
 nets are frozen (scale 0), which is identical to stopping them. Only every ``sync_every``
 steps does the host look at the state.
@@ -80,7 +81,7 @@ def init_state(net: TwoLayer, schedule: Schedule) -> TrainState:
 
 
 def _status(st: TrainState, cond: torch.Tensor, code: int) -> None:
-    st.status = torch.where(st.running & cond, torch.tensor(code, dtype=torch.int8, device=cond.device), st.status)
+    st.status = st.status.masked_fill(st.running & cond, code)
 
 
 def _separated(q: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -96,20 +97,24 @@ def _full_data_check(st: TrainState, log_L: torch.Tensor, separated: torch.Tenso
     _status(st, ~torch.isfinite(log_L), DIVERGED)
 
 
-def _step(st: TrainState, X, y, mask, sched: Schedule, check_stop: bool, check_dead: bool) -> None:
-    """One GD step on batch (X, y, mask) for every running net, in place.
+def _step(st: TrainState, X, y, mask, sched: Schedule, check_stop: bool, check_dead: bool,
+          log_m: torch.Tensor, padded: bool) -> None:
+    """One GD step on batch (X, y, mask) for every running net, in place. ``log_m`` (E,) is
+    log(mask.sum(1)) in float64, ``padded`` whether any sample is masked out (both constant over
+    a call of :func:`train`, so formed once there).
 
     Cost per step: two bmm for the forward/backward of W, two thin bmm for v, and four
-    elementwise passes over the (E, n, k) activations (relu, sign, outer product g v, product).
+    elementwise passes over the (E, n, k) activations (the bias broadcast inside ``baddbmm``,
+    relu in place, the indicator sign(A), and two in-place products with g and v).
     """
     net = st.net
-    H = net.pre(X)  # (E,n,k)
-    A = torch.relu(H)
+    A = torch.relu_(net.pre(X))  # (E,n,k), in place: one (E,n,k) buffer fewer per step
     q = y * torch.bmm(A, net.v.unsqueeze(-1)).squeeze(-1)
     log_l, log_dl = log_loss_terms(q, sched.loss)
-    log_l = log_l.masked_fill(~mask, -math.inf)
+    if padded:
+        log_l = log_l.masked_fill(~mask, -math.inf)
     lse = torch.logsumexp(log_l.to(torch.float64), 1)  # log Σ ℓ
-    log_L = lse - torch.log(mask.sum(1).to(torch.float64))  # mean reduction (spec A2)
+    log_L = lse - log_m  # mean reduction (spec A2)
     if check_stop:  # full batch: the batch is the data, checked every step (spec A3)
         _full_data_check(st, log_L, _separated(q, mask), sched)
     if check_dead:  # no neuron active on any sample: GD can never move again (spec A22)
@@ -118,36 +123,77 @@ def _step(st: TrainState, X, y, mask, sched: Schedule, check_stop: bool, check_d
     # log of lr·L·π_i, formed in float64; weights below the dtype's smallest normal are 0
     # (subnormals would add nothing measurable and slow the CPU down ~100x)
     log_w = log_dl.to(torch.float64) - lse.unsqueeze(1) + (st.log_lr + log_L).unsqueeze(1)
-    keep = mask & run.unsqueeze(1) & (log_w > math.log(torch.finfo(X.dtype).tiny))
+    keep = run.unsqueeze(1) & (log_w > math.log(torch.finfo(X.dtype).tiny))
+    keep = keep & mask if padded else keep
     g = (y * torch.where(keep, torch.exp(log_w), torch.zeros_like(log_w))).to(X.dtype)  # ascent weights
     dv = torch.bmm(A.transpose(1, 2), g.unsqueeze(-1)).squeeze(-1)
     # g_i v_j 1[h_ij > 0]; sign(relu(h)) is the indicator, and far cheaper than a bool mask on CPU
-    G = g.unsqueeze(-1) * net.v.unsqueeze(1) * torch.sign(A)
+    # (formed in place on the indicator: s·g·v equals g·v·s exactly, s being 0 or 1)
+    G = torch.sign(A).mul_(g.unsqueeze(-1)).mul_(net.v.unsqueeze(1))
     net.W.baddbmm_(G.transpose(1, 2), X)
     net.b += G.sum(1)
     net.v += dv
     # schedule: per-net plateau counter; the period shortens once the net separates the data
     st.iters += run
     st.plateau_pos += run
-    period = torch.full_like(st.plateau_pos, sched.period)
-    if sched.period_fast is not None:  # full-data separation, never the minibatch's (E14)
-        period = torch.where(st.separated, torch.full_like(period, sched.period_fast), period)
-    bump = run & (st.plateau_pos >= period)
+    if sched.period_fast is None:
+        bump = run & (st.plateau_pos >= sched.period)
+    else:  # full-data separation, never the minibatch's (E14)
+        period = torch.where(st.separated, sched.period_fast, sched.period)
+        bump = run & (st.plateau_pos >= period)
     st.log_lr = torch.where(bump, (st.log_lr + math.log(sched.factor)).clamp_max(sched.max_log_lr), st.log_lr)
-    st.plateau_pos = torch.where(bump, torch.zeros_like(st.plateau_pos), st.plateau_pos)
+    st.plateau_pos = st.plateau_pos.masked_fill(bump, 0)
+
+
+CHUNK_BYTES = 1 << 20  # CPU: one (chunk, n, k) activation tensor of at most ~1 MiB (issue 19)
+
+
+def auto_chunk(E: int, n: int, k: int, dtype: torch.dtype, device) -> int:
+    """Nets per kernel call: the whole stack on a GPU; on a CPU the largest chunk whose (chunk,
+    n, k) activations fit in ``CHUNK_BYTES`` (at least 1), so that a chunk's working set stays in
+    the L2 cache for all its steps and no temporary reaches malloc's mmap threshold (issue 19:
+    the per-net cost doubled once E·n·k left the cache)."""
+    if torch.device(device).type != "cpu":
+        return E
+    per_net = max(1, n * k * torch.finfo(dtype).bits // 8)
+    return max(1, min(E, CHUNK_BYTES // per_net))
+
+
+def concat_states(states: list[TrainState]) -> TrainState:
+    """Stack the states of consecutive chunks of nets into one state."""
+    if len(states) == 1:
+        return states[0]
+    net = TwoLayer(*(torch.cat([getattr(s.net, p) for s in states]) for p in ("W", "b", "v")))
+    return TrainState(net=net, **{f: torch.cat([getattr(s, f) for s in states]) for f in STATE_FIELDS})
 
 
 def train(net: TwoLayer, X: torch.Tensor, y: torch.Tensor, schedule: Schedule, *,
           mask: torch.Tensor | None = None, batch_generators: list[torch.Generator] | None = None,
-          state: TrainState | None = None, max_steps: int | None = None) -> TrainState:
+          state: TrainState | None = None, max_steps: int | None = None,
+          chunk: int | None = None) -> TrainState:
     """Train the stack until every net has converged, died, diverged or hit ``max_iters``.
 
     X (E,m,d), y (E,m) in {±1}, mask (E,m) marks real samples (padding is False). If
     m > batch_size, plain SGD with a fresh per-net permutation each epoch (spec A4; needs
     ``batch_generators``, one per net, and no padding). ``state`` continues an earlier call;
     ``max_steps`` bounds this call (for checkpointing), the returned state says where it stopped.
+
+    ``chunk`` nets run together (default :func:`auto_chunk`): each chunk of the stack runs all
+    its steps before the next one starts. Nets never interact, so every net's numbers are those
+    of an unchunked run (tests/test_train.py pins it).
     """
     E, m, _ = X.shape
+    chunk = auto_chunk(E, min(m, schedule.batch_size), net.W.shape[1], X.dtype, X.device) if chunk is None else chunk
+    if chunk < E:
+        parts = []
+        for lo in range(0, E, chunk):
+            sl = slice(lo, min(E, lo + chunk))
+            sub = None if state is None else TrainState(
+                net=state.net.select(sl), **{f: getattr(state, f)[sl] for f in STATE_FIELDS})
+            parts.append(train(net.select(sl), X[sl], y[sl], schedule, mask=None if mask is None else mask[sl],
+                               batch_generators=None if batch_generators is None else batch_generators[sl],
+                               state=sub, max_steps=max_steps, chunk=sl.stop - sl.start))
+        return concat_states(parts)
     mask = torch.ones(E, m, dtype=torch.bool, device=X.device) if mask is None else mask
     st = state if state is not None else init_state(net, schedule)
     full_batch = m <= schedule.batch_size
@@ -156,12 +202,14 @@ def train(net: TwoLayer, X: torch.Tensor, y: torch.Tensor, schedule: Schedule, *
             raise ValueError("padded samples (mask) are not supported with minibatches")
         if batch_generators is None or len(batch_generators) != E:
             raise ValueError("minibatch training needs one batch generator per net")
+    padded = full_batch and not bool(mask.all())
+    log_m = torch.log(mask.sum(1).to(torch.float64)) if full_batch else None
     steps, batches = 0, []
     max_steps = max_steps if max_steps is not None else schedule.max_iters
     while steps < max_steps:
         check_dead = steps % schedule.sync_every == 0
         if full_batch:
-            _step(st, X, y, mask, schedule, check_stop=True, check_dead=check_dead)
+            _step(st, X, y, mask, schedule, check_stop=True, check_dead=check_dead, log_m=log_m, padded=padded)
         else:
             if not batches:
                 perms = torch.stack([torch.randperm(m, generator=gen) for gen in batch_generators]).to(X.device)
@@ -169,7 +217,9 @@ def train(net: TwoLayer, X: torch.Tensor, y: torch.Tensor, schedule: Schedule, *
             idx = batches.pop(0)
             Xb = torch.gather(X, 1, idx.unsqueeze(-1).expand(-1, -1, X.shape[2]))
             yb = torch.gather(y, 1, idx)
-            _step(st, Xb, yb, torch.ones_like(yb, dtype=torch.bool), schedule, check_stop=False, check_dead=check_dead)
+            nb = torch.full((E,), float(idx.shape[1]), dtype=torch.float64, device=X.device)
+            _step(st, Xb, yb, torch.ones_like(yb, dtype=torch.bool), schedule, check_stop=False,
+                  check_dead=check_dead, log_m=torch.log(nb), padded=False)
         steps += 1
         at_sync = steps % schedule.sync_every == 0
         if not full_batch and (at_sync or steps == max_steps):
