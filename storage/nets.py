@@ -10,6 +10,7 @@ reads; :func:`storage.query.load_nets` selects cells by their coordinates.
 from __future__ import annotations
 
 import dataclasses
+import json
 import pathlib
 
 import numpy as np
@@ -31,7 +32,8 @@ class Nets:
     (zeros past each net's own sizes, as the bundle that trained them padded). Tensors are
     float64 on the CPU: W (E,k,d), b (E,k), v (E,k), X (E,m,d), y (E,m), mask (E,m) the real
     samples, d, m, width (E,) int64 true sizes, rng_state (E,n) uint8 the minibatch generator
-    after training. ``cells``: each net's coordinates; ``problems``: why a cell is not usable
+    after training. ``cells``: each net's cell as it was run (its stage's fixed parameters and its
+    grid coordinates); ``problems``: why a cell is not usable
     (not done, failed, no nets stored), '' where it is (its tensors are zeros otherwise); ``hashes``:
     each cell's ``cell_hash`` as read with its nets (the version used; -1 where none is stored)."""
 
@@ -103,8 +105,10 @@ def load_nets_at(path: str | pathlib.Path, group: str, indices: list[tuple[int, 
                          "nets are stored by a 'train' stage")
     dims = list(g[schema.DONE].metadata.dimension_names)
     coords = {dim: np.asarray(g[dim][...]) for dim in dims}
-    cells = [{dim: coords[dim][i].item() for dim, i in zip(dims, idx)} for idx in indices]
-    labels = [", ".join(f"{k}={v}" for k, v in c.items()) for c in cells]
+    coord = [{dim: coords[dim][i].item() for dim, i in zip(dims, idx)} for idx in indices]
+    labels = [", ".join(f"{k}={v}" for k, v in c.items()) for c in coord]
+    fixed = json.loads(g.attrs.get("kktlab_identity") or "{}").get("params", {})
+    cells = [{**fixed, **c} for c in coord]  # the upstream cell as it was run: its fixed params and coordinates
     problems = [_problem(g, tuple(idx), lab) for idx, lab in zip(indices, labels)]
     size = {n: np.array([int(g[n][tuple(idx)]) for idx in indices], dtype=np.int64)
             for n in ("d_used", "m_used", "width_used")}

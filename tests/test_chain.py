@@ -219,3 +219,15 @@ def test_report_of_the_chained_store_draws_what_nonrobust_draws(chained, tmp_pat
         assert (a.passed, a.measured) == (b.passed, b.measured), a.criterion
         assert (math.isnan(a.value) and math.isnan(b.value)) or a.value == pytest.approx(b.value, rel=1e-9)
     assert "(its nets are drawn with the stages that read them)" in (tmp_path / "chain" / "index.md").read_text()
+
+
+def test_load_nets_gives_each_net_its_cell_as_it_was_run(chained):
+    """A reader sees the upstream cell's fixed parameters beside its coordinates (so it need not
+    repeat them, and cannot contradict them)."""
+    from storage.query import load_nets
+
+    root, _ = chained
+    nets = load_nets(root / "chain.zarr", "nets", d=12)
+    assert [c["seed"] for c in nets.cells] == GRID["seed"]
+    assert all(c["d"] == 12 and c["width"] == TRAIN["width"] and c["max_iters"] == TRAIN["max_iters"]
+               for c in nets.cells)

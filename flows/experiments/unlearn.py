@@ -7,8 +7,9 @@ with their preconditions. Declaration and wiring only; the maths is ``tasks/cell
 
 Axes: method, alpha, forget (index l, -1 one random l per net, -2 every l: the max over l that
 Def 2.2 asks for), k. Its group's dims are the train stage's dims followed by its own.
-The retrain reference and D_MG test points redraw what training drew: give ``init_scale``,
-``retrain_*`` and ``mu_*`` as the train stage has them (configs use YAML anchors).
+The retrain reference and D_MG test points redraw what training drew: ``init_scale``, ``retrain_*``
+and ``mu_*`` are taken from the train stage's cell (its fixed parameters and coordinates, which
+``storage.nets.load_nets_at`` gives with the nets), over the stage's own values.
 """
 
 from __future__ import annotations
@@ -101,8 +102,8 @@ V = {
 }
 
 
-# train_kkt grid axes that set an unlearn parameter: a coordinate of the upstream cell wins over
-# the stage's own value (e.g. F001-6 sweeps mu_a in the train stage)
+# train_kkt parameters that set an unlearn parameter: the upstream cell's value (a fixed parameter
+# or a grid coordinate, e.g. F001-6 sweeps mu_a in the train stage) wins over the stage's own
 FROM_UPSTREAM = {"mu_a": "mu_a", "mu_scaling": "mu_scaling", "init_scale": "init_scale", "lr": "retrain_lr",
                  "wd": "retrain_wd", "epochs": "retrain_epochs", "loss": "loss", "model": "model"}
 
