@@ -151,13 +151,8 @@ def cifar_path(root: pathlib.Path | None = None) -> pathlib.Path:
 
 
 def sha256(path: pathlib.Path) -> str:
-    import hashlib
-
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+    """Hex sha256 of a file (read in 1 MiB blocks)."""
+    return _sha256(path)
 
 
 def cifar_vehicles_animals(n_per_class: int, root: pathlib.Path | None = None):

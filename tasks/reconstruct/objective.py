@@ -55,12 +55,15 @@ def haim(W, b, v, Xc, yc, lam, *, alpha, lam_min, box: bool, feature_mask=None):
     l = Xc.shape[1]
     out = residual_norm2(residual(W, b, v, Xc, yc, lam, scale=1.0 / l, alpha=alpha))
     out = out + 5 * torch.relu(lam_min.unsqueeze(1) - lam).pow(2).sum(1)
-    if box:
-        pen = torch.relu(Xc - 1).pow(2) + torch.relu(-1 - Xc).pow(2)
-        if feature_mask is not None:
-            pen = pen * feature_mask.unsqueeze(1)
-        out = out + pen.sum((1, 2))
-    return out
+    return out + _box_penalty(Xc, feature_mask) if box else out
+
+
+def _box_penalty(Xc, feature_mask=None):
+    """Σ of squared excursions of the candidates outside [−1, 1] (the optional domain box), (B,)."""
+    pen = torch.relu(Xc - 1).pow(2) + torch.relu(-1 - Xc).pow(2)
+    if feature_mask is not None:
+        pen = pen * feature_mask.unsqueeze(1)
+    return pen.sum((1, 2))
 
 
 def paper(W, b, v, Xc, yc, lam, *, alpha, lam_min, box: bool, feature_mask=None):
@@ -68,12 +71,7 @@ def paper(W, b, v, Xc, yc, lam, *, alpha, lam_min, box: bool, feature_mask=None)
     shifts the hinge to max(λ_min − λ_i, 0) (spec X004-9: γ's and λ_min unstated); (B,)."""
     out = residual_norm2(residual(W, b, v, Xc, yc, lam, scale=1.0, alpha=alpha)).clamp_min(1e-300).sqrt()
     out = out + torch.relu(lam_min.unsqueeze(1) - lam).sum(1)
-    if box:
-        pen = torch.relu(Xc - 1).pow(2) + torch.relu(-1 - Xc).pow(2)
-        if feature_mask is not None:
-            pen = pen * feature_mask.unsqueeze(1)
-        out = out + pen.sum((1, 2))
-    return out
+    return out + _box_penalty(Xc, feature_mask) if box else out
 
 
 OBJECTIVES = {"haim": haim, "paper": paper}
