@@ -107,3 +107,8 @@ class Experiment:
     # what the sweep loaded from the upstream cells (storage.query.load_nets for "nets").
     produces: tuple[str, ...] = ()
     reads: str | None = None
+    # A producer that leaves arrays out of the store and rebuilds them when they are read
+    # (storage.nets.load_nets_at): ``rebuild(cell, read)`` gets the upstream cell as it was run and
+    # ``read(name)`` -> that cell's stored array, and returns name -> array (unpadded), e.g. the
+    # training rows from stored indices + checksum (MNIST, CIFAR) or W0 from the seed.
+    rebuild: Callable[[Cell, Callable[[str], "np.ndarray"]], dict] | None = None  # noqa: F821

@@ -110,9 +110,11 @@ def compute_reading(exp, cells: list[dict], device: str, inputs: dict) -> list[d
     worker (never passed through the flow); a cell whose upstream cell is not usable (not done,
     failed, no nets stored) is failed with that reason, not computed. Each computed cell keeps the
     ``cell_hash`` of the upstream cell read with its nets (``upstream_hash``: storage/stale.py)."""
-    from storage.nets import load_nets_at
+    from flows import experiments
+    from storage.nets import load_nets_at, producer
 
-    nets = load_nets_at(inputs["store"], inputs["group"], [tuple(i) for i in inputs["indices"]])
+    up = experiments.get(producer(inputs["store"], inputs["group"]))
+    nets = load_nets_at(inputs["store"], inputs["group"], [tuple(i) for i in inputs["indices"]], up.rebuild)
     ok = [i for i, p in enumerate(nets.problems) if not p]
     out: list[dict] = [{FAILED: p} for p in nets.problems]
     if ok:

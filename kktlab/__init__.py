@@ -1,3 +1,15 @@
 """kktlab: Prefect + Dask + Zarr workflows for the implicit-bias papers (see README.md)."""
 
 __version__ = "0.1.0"
+
+
+def load_nets(path, group: str, **sel):
+    """The stored nets of ``group`` for the cells matching ``sel`` (dim=value or dim=[values]) as
+    :class:`storage.nets.Nets`, with what their producing experiment kept out of the store rebuilt
+    (training rows from indices + checksum, W0 from the seed): :func:`storage.query.load_nets`
+    with that experiment's ``rebuild``."""
+    from flows import experiments
+    from storage.nets import producer
+    from storage.query import load_nets as load
+
+    return load(path, group, rebuild=experiments.get(producer(path, group)).rebuild, **sel)

@@ -179,16 +179,71 @@ def cifar_rows(indices, checksum: int, root: pathlib.Path | None = None) -> torc
     """The training rows a ``train`` stage stored as indices (``data_index``) plus a checksum
     (``data_checksum``: the first 60 bits of the file's sha256) instead of a copy: rows ``indices``
     of the CIFAR-10 training split, minus their mean, as :func:`cifar_vehicles_animals` gave them to
-    training. A file with another checksum raises ValueError naming it (the nets were trained on
-    other data); a missing one FileNotFoundError."""
-    path = cifar_path(root)
-    if not path.is_file():
-        raise FileNotFoundError(f"CIFAR-10 file {path} not found (set KKTLAB_DATA to the folder holding cifar10/)")
-    digest = sha256(path)
-    if int(digest[:15], 16) != int(checksum):
-        raise ValueError(f"CIFAR-10 file {path} has sha256 {digest[:15]}..., not the file these nets were trained on "
-                         f"(checksum {int(checksum):x}): the stored indices cannot be resolved")
-    x, _ = cifar10("train", root)
-    X = x[torch.as_tensor(np.asarray(indices), dtype=torch.long)]
+    training. A file with another checksum or a missing one raises :class:`DataError` naming it."""
+    X, _ = file_rows("cifar-train", indices, checksum, root)
     return X - X.mean(0)
 
+
+
+# --- file data sets rebuilt from indices (issue 13 item 4: a stage stores indices + a checksum,
+# never a copy of MNIST / CIFAR) ---------------------------------------------------------------
+FILE_SETS = ("mnist-train", "mnist-test", "digits", "cifar-train")
+
+
+def _stamp(name: str, root: pathlib.Path) -> tuple:
+    """What identifies the file(s) behind ``name`` now (a changed file is read and hashed again)."""
+    if name == "digits":
+        return ()
+    paths = ([root / "mnist" / f"{'train' if name == 'mnist-train' else 't10k'}-{k}-idx{n}-ubyte.gz"
+              for k, n in (("images", 3), ("labels", 1))] if name.startswith("mnist") else [cifar_path(root)])
+    for p in paths:
+        if not p.is_file():
+            raise DataError(f"data file {p} of '{name}' not found (set KKTLAB_DATA to the data folder)")
+    return tuple((str(p), p.stat().st_size, p.stat().st_mtime) for p in paths)
+
+
+@functools.lru_cache(maxsize=4)
+def _file_set(name: str, root: str, stamp: tuple) -> tuple[np.ndarray, np.ndarray, float, int]:
+    """(raw images, labels, pixel scale, 60-bit checksum) of a whole file data set."""
+    base = pathlib.Path(root)
+    if name.startswith("mnist"):
+        pre = "train" if name == "mnist-train" else "t10k"
+        sha = check_mnist(base / "mnist")[f"{pre}-images-idx3-ubyte.gz"]
+        x = _idx(base / "mnist" / f"{pre}-images-idx3-ubyte.gz", 16).reshape(-1, 28, 28)
+        return x, _idx(base / "mnist" / f"{pre}-labels-idx1-ubyte.gz", 8).astype(np.int64), 255.0, int(sha[:15], 16)
+    if name == "digits":
+        from sklearn.datasets import load_digits
+
+        ds = load_digits()
+        h = hashlib.sha256(ds.images.astype(np.float64).tobytes() + ds.target.astype(np.int64).tobytes())
+        return ds.images, ds.target.astype(np.int64), 16.0, int(h.hexdigest()[:15], 16)
+    with np.load(cifar_path(base)) as z:
+        x, y = z["x_train"], z["y_train"]
+    return x.transpose(0, 3, 1, 2).reshape(len(x), -1), y.astype(np.int64), 255.0, int(sha256(cifar_path(base))[:15], 16)
+
+
+def checksum60(name: str, root: pathlib.Path | None = None) -> int:
+    """The first 60 bits of the sha256 of ``name``'s images (the file; for digits its arrays)."""
+    root = root or shared_data_dir()
+    return _file_set(name, str(root), _stamp(name, root))[3]
+
+
+def positions(name: str, labels: tuple[int, ...], root: pathlib.Path | None = None) -> np.ndarray:
+    """Indices (file order) of the rows of ``name`` whose label is in ``labels``."""
+    root = root or shared_data_dir()
+    return np.flatnonzero(np.isin(_file_set(name, str(root), _stamp(name, root))[1], labels)).astype(np.int64)
+
+
+def file_rows(name: str, indices, checksum: int, root: pathlib.Path | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows ``indices`` of the file data set ``name`` (one of FILE_SETS) as float64 images in [0, 1]
+    and their raw labels (int64), after checking that the file is the one the indices were taken from
+    (``checksum``: :func:`checksum60` then). Raises :class:`DataError` naming the file otherwise."""
+    if name not in FILE_SETS:
+        raise DataError(f"unknown file data set '{name}'; known: {', '.join(FILE_SETS)}")
+    root = root or shared_data_dir()
+    x, y, scale, have = _file_set(name, str(root), _stamp(name, root))
+    if have != int(checksum):
+        raise DataError(f"'{name}' in {root} has checksum {have:x}, not {int(checksum):x} of the data these nets "
+                        "were trained on: the stored indices cannot be resolved")
+    idx = np.asarray(indices, dtype=np.int64)
+    return torch.from_numpy(x[idx].astype(np.float64) / scale), torch.from_numpy(y[idx])

@@ -4,7 +4,10 @@ The group stores per cell W (hidden, feature), b, v (hidden), X (sample, feature
 float64 and zero-padded to the group's largest sizes, with the true sizes beside
 (``d_used``, ``m_used``, ``width_used``) and whether the nets were stored (``nets_stored``;
 ``store_nets: false`` stores none). :func:`load_nets_at` is what a downstream stage's worker
-reads; :func:`storage.query.load_nets` selects cells by their coordinates.
+reads; :func:`storage.query.load_nets` selects cells by their coordinates. What a producer keeps
+out of the store (training rows as indices into a data file, W0 as its seed) comes back through the
+producer's ``rebuild`` (core.declare.Experiment.rebuild), which the caller passes: storage never
+imports the experiments.
 """
 
 from __future__ import annotations
@@ -12,11 +15,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
+from typing import Callable
 
 import numpy as np
 import zarr
 
-from core.errors import StoreError
+from core.errors import StoreError, UserError
 from storage import schema
 
 ARRAYS = ("W", "b", "v", "X", "y")
@@ -24,6 +28,8 @@ ARRAYS = ("W", "b", "v", "X", "y")
 # and adv_train: the init W0, a test set, the training budget); loaded into ``Nets.extra`` when the
 # group has them, cut along hidden/feature like W.
 EXTRAS = ("W0", "X_test", "y_test", "n_test_used", "R_train", "V_train")
+# The own dims of the extras a producer may rebuild instead of storing (Experiment.rebuild).
+REBUILT_DIMS = {"W0": ("hidden", "feature"), "X_test": ("test_sample", "feature"), "y_test": ("test_sample",)}
 
 
 @dataclasses.dataclass
@@ -85,24 +91,45 @@ def _problem(g: zarr.Group, idx: tuple, label: str) -> str:
     return ""
 
 
-def _file_rows(rows: np.ndarray, checksum: int, label: str) -> np.ndarray:
-    from storage import datasets
+def _rebuilt(g: zarr.Group, indices, cells, labels, problems, rebuild) -> list[dict]:
+    """Per cell the arrays its producer rebuilds (float64 numpy); a cell whose arrays cannot be
+    rebuilt (data file missing or changed since training) gets that as its problem."""
+    out = []
+    for e, idx in enumerate(map(tuple, indices)):
+        if problems[e]:
+            out.append({})
+            continue
+        try:
+            got = rebuild(cells[e], lambda name, idx=idx: np.asarray(g[name][idx]))
+        except (UserError, OSError, ValueError) as err:
+            problems[e] = f"the data of upstream cell ({labels[e]}) cannot be rebuilt: {err}"
+            got = {}
+        out.append({k: np.asarray(v, dtype=np.float64) for k, v in got.items()})
+    return out
 
-    try:
-        return datasets.cifar_rows(rows, checksum).numpy()
-    except (OSError, ValueError) as err:
-        raise StoreError(f"the training set of upstream cell ({label}) cannot be rebuilt from its indices: {err}") from err
+
+def producer(path: str | pathlib.Path, group: str) -> str:
+    """The experiment whose cells ``group`` holds (from its identity)."""
+    g = zarr.open_group(str(pathlib.Path(path) / group), mode="r", zarr_format=3)
+    return json.loads(g.attrs.get("kktlab_identity") or "{}").get("experiment", "")
 
 
-def load_nets_at(path: str | pathlib.Path, group: str, indices: list[tuple[int, ...]]) -> Nets:
-    """The nets of the cells at grid ``indices`` of ``group`` (repeats allowed), in that order."""
+def load_nets_at(path: str | pathlib.Path, group: str, indices: list[tuple[int, ...]],
+                 rebuild: Callable | None = None) -> Nets:
+    """The nets of the cells at grid ``indices`` of ``group`` (repeats allowed), in that order.
+    ``rebuild``: the producing experiment's (core.declare.Experiment.rebuild), for the arrays it
+    left out of the store (training rows kept as indices + checksum, W0 kept as its seed)."""
     import torch
 
     g = zarr.open_group(str(pathlib.Path(path) / group), mode="r", zarr_format=3)
-    missing = [n for n in (*ARRAYS, "d_used", "m_used", "width_used", "nets_stored", "batch_rng_state") if n not in g]
+    missing = [n for n in ("W", "b", "v", "d_used", "m_used", "width_used", "nets_stored", "batch_rng_state")
+               if n not in g]
     if missing:
         raise StoreError(f"group '{group}' of {path} holds no nets (no {', '.join(missing)}); "
                          "nets are stored by a 'train' stage")
+    if rebuild is None and "X" not in g:
+        raise StoreError(f"group '{group}' of {path} keeps its training sets as indices into a data file; "
+                         f"its producing experiment rebuilds them: use kktlab.load_nets (or pass rebuild=)")
     dims = list(g[schema.DONE].metadata.dimension_names)
     coords = {dim: np.asarray(g[dim][...]) for dim in dims}
     coord = [{dim: coords[dim][i].item() for dim, i in zip(dims, idx)} for idx in indices]
@@ -110,6 +137,10 @@ def load_nets_at(path: str | pathlib.Path, group: str, indices: list[tuple[int, 
     fixed = json.loads(g.attrs.get("kktlab_identity") or "{}").get("params", {})
     cells = [{**fixed, **c} for c in coord]  # the upstream cell as it was run: its fixed params and coordinates
     problems = [_problem(g, tuple(idx), lab) for idx, lab in zip(indices, labels)]
+    for e, idx in enumerate(map(tuple, indices)):  # rows kept as indices: only the producer resolves them
+        if rebuild is None and not problems[e] and "data_index" in g and int(g["data_index"][idx + (0,)]) >= 0:
+            problems[e] = (f"upstream cell ({labels[e]}) keeps its training set as indices into a data file: "
+                           "load it with kktlab.load_nets")
     size = {n: np.array([int(g[n][tuple(idx)]) for idx in indices], dtype=np.int64)
             for n in ("d_used", "m_used", "width_used")}
     ok = [i for i, p in enumerate(problems) if not p]
@@ -121,14 +152,14 @@ def load_nets_at(path: str | pathlib.Path, group: str, indices: list[tuple[int, 
     for e in ok:
         idx = tuple(indices[e])
         for name, shape in cut.items():
-            out[name][e] = g[name][idx + tuple(slice(0, s) for s in shape)]
-    if "data_index" in g:  # training sets read from a file: stored as indices + checksum, rebuilt here
-        for e in ok:
-            idx, m_e, d_e = tuple(indices[e]), int(size["m_used"][e]), int(size["d_used"][e])
-            rows = np.asarray(g["data_index"][idx])[:m_e]
-            if m_e and rows[0] >= 0:
-                out["X"][e] = 0.0  # zero-padded past the cell's own sizes, as stored nets are
-                out["X"][e, :m_e, :d_e] = _file_rows(rows, int(g["data_checksum"][idx]), labels[e])
+            if name in g:
+                out[name][e] = g[name][idx + tuple(slice(0, s) for s in shape)]
+    rebuilt = _rebuilt(g, indices, cells, labels, problems, rebuild) if rebuild else [{} for _ in indices]
+    for e in (i for i in ok if not problems[i]):
+        for name, a in rebuilt[e].items():
+            if name in out:  # zero-padded past the cell's own sizes, as stored nets are
+                out[name][e] = 0.0
+                out[name][e][tuple(slice(0, s) for s in a.shape)] = a
     rng = np.stack([np.asarray(g["batch_rng_state"][tuple(idx)]) for idx in indices]).astype(np.uint8)
     m = torch.from_numpy(size["m_used"])
     mask = torch.arange(M)[None, :] < m[:, None]
@@ -145,6 +176,14 @@ def load_nets_at(path: str | pathlib.Path, group: str, indices: list[tuple[int, 
         for e in ok:
             a[e] = g[name][tuple(indices[e]) + cut]
         extra[name], extra_dims[name] = torch.from_numpy(a), own
+    for name in sorted({n for r in rebuilt for n in r} & set(EXTRAS) - set(g)):  # rebuilt, never stored
+        parts = [r.get(name) for r in rebuilt]
+        shape = np.max([p.shape for p in parts if p is not None], axis=0)
+        a = np.zeros((E, *shape))
+        for e, p in enumerate(parts):
+            if p is not None and not problems[e]:
+                a[e][tuple(slice(0, s) for s in p.shape)] = p
+        extra[name], extra_dims[name] = torch.from_numpy(a), REBUILT_DIMS[name]
     t = {n: torch.from_numpy(a) for n, a in out.items()}
     return Nets(t["W"], t["b"], t["v"], t["X"], t["y"], mask, torch.from_numpy(size["d_used"]), m,
                 torch.from_numpy(size["width_used"]), torch.from_numpy(rng), cells, problems, hashes,

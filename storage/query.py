@@ -145,15 +145,16 @@ def provenance(ds: xr.Dataset) -> dict:
             if k in ("kktlab_experiment", "git_commit", "device", "created", "versions", "host")}
 
 
-def load_nets(path: str | pathlib.Path, group: str, **sel):
+def load_nets(path: str | pathlib.Path, group: str, *, rebuild=None, **sel):
     """The stored nets of ``group`` (a ``train`` stage) for the cells matching ``sel`` (dim=value
     or dim=[values]; left-out dims: all), as :class:`storage.nets.Nets`: stacked float64 tensors
     W, b, v, X, y, the sample mask and true sizes d, m, width, cut to the selection's largest
     sizes. Raises :class:`StoreError` naming a selected cell that is not done, failed or stored
-    no nets."""
+    no nets. ``rebuild``: the producing experiment's (data kept as indices, W0 as its seed);
+    :func:`kktlab.load_nets` passes it for you."""
     from storage.nets import load_nets_at, select_indices
 
-    nets = load_nets_at(path, group, select_indices(path, group, sel))
+    nets = load_nets_at(path, group, select_indices(path, group, sel), rebuild)
     bad = [p for p in nets.problems if p]
     if bad:
         raise StoreError(f"{len(bad)} selected cells have no usable nets, e.g. {bad[0]}")

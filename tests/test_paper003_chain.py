@@ -80,7 +80,8 @@ def test_E1_chain_end_to_end_dims_and_lazy_ball(ran):
     lazy = open_results(ran / "s.zarr", "lazy").load()
     flips = open_results(ran / "s.zarr", "flips").load()
     assert set(flips.delta_rel.dims) == {"data", "d", "C0", "seed", "method", "test_sample"}
-    assert dict(lazy.X_test.sizes)["test_sample"] == 64 and dict(lazy.W.sizes)["hidden"] == 64
+    assert dict(lazy.test_index.sizes)["test_sample"] == 64 and dict(lazy.W.sizes)["hidden"] == 64
+    assert not {"X", "y", "X_test", "y_test", "W0"} & set(lazy.data_vars)  # indices + checksums, seeds: no copies
     assert (lazy.C0_reached <= lazy.C0).all() and bool(lazy.exited.all())
     assert (lazy.steps.sel(C0=3.0) < lazy.steps.sel(C0=6.0)).all()  # one trajectory, later snapshot
     assert float(lazy.test_acc.sel(data="digits", C0=6.0).min()) >= 0.9
@@ -93,7 +94,8 @@ def test_E1_chain_end_to_end_dims_and_lazy_ball(ran):
 
 @pytest.mark.slow
 def test_stored_single_steps_recompute_from_the_stored_nets(ran):
-    from storage.query import load_nets, open_results
+    from kktlab import load_nets
+    from storage.query import open_results
     from tasks.attacks import single_step_exact
     from tasks.nets import TwoLayer
 
@@ -180,3 +182,42 @@ def test_E4_E5_acceptance_recovers_planted_boundaries():
     e5 = _synthetic_pgd({"m": m, "V": V, "seed": [0]}, lambda m, V, s: (V > 25 / np.sqrt(m)).astype(float))
     row = [r for r in acceptance_003.acceptance(e5) if r.spec_id == "E5"][0]
     assert row.passed and 20 < row.value < 30
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("data", ["digits", "mnist"])
+def test_data_and_init_rebuilt_from_indices_and_seed_are_what_training_used(ran, data):
+    """Issue 13 item 4: lazy_train keeps row indices + file checksums and the seed, never copies;
+    the rebuilt rows equal the rows training read, and the rebuilt W0 gives back the stored
+    √m ||W - W0||_{2,∞} (C0_reached) to round-off, so it is the init training started from."""
+    from flows.experiments import lazy_train
+    from kktlab import load_nets
+    from storage.query import open_results
+
+    lazy = open_results(ran / "s.zarr", "lazy").load()
+    n = load_nets(ran / "s.zarr", "lazy", data=data, d=25)
+    X, y, Xt, yt, _ = lazy_train.load_data(n.cells[0])
+    for e in range(len(n.cells)):
+        np.testing.assert_array_equal(n.X[e].numpy(), X.numpy())
+        np.testing.assert_array_equal(n.y[e].numpy(), y.numpy())
+        np.testing.assert_array_equal(n.extra["X_test"][e].numpy(), Xt.numpy())
+        C0 = math.sqrt(n.W.shape[1]) * (n.W[e] - n.extra["W0"][e]).norm(dim=1).max()
+        stored = lazy.C0_reached.sel(data=data, d=25, C0=n.cells[e]["C0"], seed=0)
+        assert abs(float(C0) - float(stored)) < 1e-12
+
+
+@pytest.mark.slow
+def test_indices_need_the_producer_and_a_changed_file_is_refused(ran):
+    from flows.experiments import lazy_train
+    from storage.nets import load_nets_at
+    from storage.query import load_nets
+    from core.errors import StoreError
+
+    with pytest.raises(StoreError, match="kktlab.load_nets"):
+        load_nets(ran / "s.zarr", "lazy", data="digits")
+
+    def changed(cell, read):  # the data file's checksum no longer matches the stored one
+        return lazy_train.rebuild(cell, lambda name: read(name) ^ 1 if name == "data_checksum" else read(name))
+
+    n = load_nets_at(ran / "s.zarr", "lazy", [(0, 0, 0, 0)], changed)
+    assert "cannot be rebuilt" in n.problems[0] and "not" in n.problems[0]

@@ -44,7 +44,7 @@ def test_F004_2_train_stores_cifar_indices_and_checksum(cifar_net):
     assert res["data_checksum"] == int(digest[:15], 16)
     assert res["X_stored"].size == 0  # never a copy of the data set
     np.testing.assert_array_equal(res["X"], X.numpy())  # rebuilt from the indices, checksum checked
-    with pytest.raises(ValueError, match="not the file these nets were trained on"):
+    with pytest.raises(datasets.DataError, match="not .* of the data these nets were trained on"):
         datasets.cifar_rows(res["data_index"], res["data_checksum"] ^ 1)
     assert res["y"].tolist() == [1.0] * 10 + [-1.0] * 10
 
@@ -91,7 +91,8 @@ def test_P004_16_acceptance_row(ssim10, ssim_max, verdict):
 
 def test_stored_cifar_net_holds_indices_and_load_nets_rebuilds_its_data(cifar_net, tmp_path):
     """Issue 13 item 4: the train stage stores a CIFAR net's training set as indices plus a checksum
-    (X is fill in the store, never a copy); load_nets_at rebuilds the rows, checksum checked."""
+    (X is fill in the store, never a copy); train's rebuild gives the rows back, checksum checked."""
+    from flows import experiments
     from flows.sweep import open_store
     from storage.nets import load_nets_at
     from storage.query import open_results
@@ -106,6 +107,7 @@ def test_stored_cifar_net_holds_indices_and_load_nets_rebuilds_its_data(cifar_ne
                                 and k != "X"} | {"X": res["X_stored"]})
     ds = open_results(store, "nets")
     assert bool(np.isnan(ds.X.values).all()) and (ds.data_index.values[0] >= 0).all()
-    nets = load_nets_at(store, "nets", [(0,)])
+    assert "kktlab.load_nets" in load_nets_at(store, "nets", [(0,)]).problems[0]  # only train can resolve them
+    nets = load_nets_at(store, "nets", [(0,)], experiments.get("train").rebuild)
     assert nets.problems == [""]
     np.testing.assert_array_equal(nets.X[0].numpy(), res["X"])

@@ -29,8 +29,9 @@ P = {
     "patience": Param(int, 1, "rounds without a robust-train-accuracy increase before stopping", min=1, max=10**4),
 }
 P["variant"] = Param(str, "unit", "unit-norm rows (§5.2) or raw pixels", choices=lazy.P["variant"].choices)
-V = {k: lazy.V[k] for k in ("m_used", "d_used", "width_used", "n_test_used", "nets_stored", "wall_s", "W", "W0", "b",
-                            "v", "X", "y", "X_test", "y_test", "batch_rng_state", "C0_reached")}
+V = {k: lazy.V[k] for k in ("m_used", "d_used", "width_used", "n_test_used", "nets_stored", "wall_s", "W", "b", "v",
+                            "data_index", "test_index", "data_checksum", "test_checksum", "batch_rng_state",
+                            "C0_reached")}
 V.update({
     "rta_train": Var("1", "robust training accuracy of the returned (best) iterate", finite=True),
     "best_epoch": Var("1", "round of the returned iterate (0 = W0)", "int64", finite=True),
@@ -66,14 +67,12 @@ def bundle_key(cell: dict) -> tuple:
 
 def run_bundle(cells: list[dict], device: str = "auto") -> list[dict]:
     t0 = time.perf_counter()
-    X, y, Xt, yt = lazy.load_data(cells[0])
+    X, y, Xt, yt, prov = lazy.load_data(cells[0])
     dev = lazy.device_of(device)
     chunk = chunk_for(len(cells), cells[0]["m"], memory_budget(dev.type, 1), 6)  # spec §7: chunk the PGD
     out = cell_fn.run(cells, X, y, Xt, yt, dev, chunk=min(chunk, 4096))
     wall = (time.perf_counter() - t0) / len(cells)
-    for res in out:
-        res["wall_s"] = wall
-    return out
+    return [dict(res, wall_s=wall, **prov) for res in out]
 
 
 EXPERIMENT = register(Experiment(
@@ -81,6 +80,6 @@ EXPERIMENT = register(Experiment(
     paper="003 Wang, Ullah, Mianjy, Arora: Adversarial robustness is at odds with lazy training",
     description="projected adversarial training in B_{2,inf}(W0, V) against PGD-l2 of budget R (Alg. 1; produces nets)",
     params=P, variables=V, run_bundle=run_bundle, bundle_key=bundle_key, cost=cost, check=lazy.check,
-    memory=memory, memory_fields=("m", "d"), extra_dims=extra_dims, produces=("nets",),
+    memory=memory, memory_fields=("m", "d"), extra_dims=extra_dims, produces=("nets",), rebuild=lazy.rebuild,
     summary=("rta_train", "clean_acc", "epochs", "C0_reached"), spec_ids=("E4", "E5", "X1"),
 ))

@@ -5,9 +5,10 @@ grid. Produces "nets" for ``single_step`` and ``pgd``. Declaration and wiring on
 ``tasks/cells/lazy_train.py``.
 
 Stored per cell (unless ``store_nets: false``): W (hidden, feature) = W0 + U, b, v = a/√m (the
-project's TwoLayer form, so ``storage.nets`` reads them), the init W0, the training set X, y and
-the test set X_test, y_test (float64, zero-padded; the prepared rows are stored, not indices: the
-reading stages need the resized, normalised rows and the loader reads arrays), true sizes beside.
+project's TwoLayer form, so ``storage.nets`` reads them), float64, zero-padded, true sizes beside.
+Never a copy of the data set (issue 13 item 4): the training and test sets are stored as their rows'
+indices in the data file plus the file's checksum, and the init W0 as its seed; :func:`rebuild`
+gives a reading stage (or ``kktlab.load_nets``) X, y, X_test, y_test and W0 back, bit for bit.
 """
 
 from __future__ import annotations
@@ -71,13 +72,14 @@ V = {
     "nets_stored": _v("1", "1 if the nets and data are stored", "int8", finite=True),
     "wall_s": _v("s", "bundle wall time divided by its cells", finite=True),
     "W": _v("1", "trained first layer W0 + U (zero padded)", dims=("hidden", "feature"), pad=0.0),
-    "W0": _v("1", "initial first layer W0 (zero padded)", dims=("hidden", "feature"), pad=0.0),
     "b": _v("1", "hidden biases (0 without bias)", dims=("hidden",), pad=0.0),
     "v": _v("1", "fixed top layer a_s/√m", dims=("hidden",), pad=0.0),
-    "X": _v("1", "training rows (resized, variant applied)", dims=("sample", "feature"), pad=0.0),
-    "y": _v("1", "training labels ±1 (digit 1 -> +1)", dims=("sample",), pad=0.0),
-    "X_test": _v("1", "test rows", dims=("test_sample", "feature"), pad=0.0),
-    "y_test": _v("1", "test labels ±1", dims=("test_sample",), pad=0.0),
+    "data_index": _v("1", "row of each training point in its file (MNIST train IDX / sklearn digits)", "int64",
+                     dims=("sample",), pad=-1),
+    "test_index": _v("1", "row of each test point in its file (MNIST t10k IDX / sklearn digits)", "int64",
+                     dims=("test_sample",), pad=-1),
+    "data_checksum": _v("1", "first 60 bits of the sha256 of the training file (digits: of its arrays)", "int64"),
+    "test_checksum": _v("1", "first 60 bits of the sha256 of the test file", "int64"),
     "batch_rng_state": _v("byte", "minibatch-order generator after training", "uint8", dims=("rng_byte",)),
 }
 RNG_BYTES = int(torch.Generator().get_state().numel())
@@ -130,28 +132,60 @@ def device_of(device: str) -> torch.device:
     return torch.device(device)
 
 
-def load_data(cell: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Training and test rows of the cell's (data, variant, d, resample, n_train, n_test), float64."""
+FILES = {"mnist": ("mnist-train", "mnist-test"), "digits": ("digits", "digits")}
+
+
+def data_rows(cell: dict) -> dict:
+    """The file rows of the cell's training and test sets (spec 003 §2.5 / §5.3): the first n (nt)
+    0/1 images of the MNIST train (test) file in file order, or digits' seeded stratified split;
+    indices into the file and its checksum, which is what the store keeps."""
     n, nt = sizes(cell)
+    tr_name, te_name = FILES[cell["data"]]
     if cell["data"] == "mnist":
-        img, y, _ = datasets.mnist01("train")
-        img_t, yt, _ = datasets.mnist01("test")
-        img, y, img_t, yt = img[:n], y[:n], img_t[:nt], yt[:nt]
+        tr, te = datasets.positions(tr_name, (0, 1))[:n], datasets.positions(te_name, (0, 1))[:nt]
     else:
-        img_all, y_all = datasets.digits01()
-        tr, te = stratified_split(y_all, 0.25, torch.Generator().manual_seed(cell["split_seed"]))
-        img, y, img_t, yt = img_all[tr][:n], y_all[tr][:n], img_all[te][:nt], y_all[te][:nt]
-    return cell_fn.prepare(img, cell), y, cell_fn.prepare(img_t, cell), yt
+        pos = datasets.positions("digits", (0, 1))
+        _, lab = datasets.file_rows("digits", pos, datasets.checksum60("digits"))
+        a, b = stratified_split(lab * 2 - 1, 0.25, torch.Generator().manual_seed(cell["split_seed"]))
+        tr, te = pos[a.numpy()][:n], pos[b.numpy()][:nt]
+    return {"data_index": tr, "test_index": te,
+            "data_checksum": datasets.checksum60(tr_name), "test_checksum": datasets.checksum60(te_name)}
+
+
+def prepared(cell: dict, name: str, rows, checksum: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows (n, d) of the cell's (variant, d, resample), float64, and labels ±1 (digit 1 -> +1)."""
+    img, lab = datasets.file_rows(name, rows, checksum)
+    return cell_fn.prepare(img, cell), (lab * 2 - 1).double()
+
+
+def load_data(cell: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict]:
+    """Training and test rows of the cell's (data, variant, d, resample, n_train, n_test), float64,
+    and their provenance (:func:`data_rows`)."""
+    prov = data_rows(cell)
+    tr_name, te_name = FILES[cell["data"]]
+    X, y = prepared(cell, tr_name, prov["data_index"], prov["data_checksum"])
+    Xt, yt = prepared(cell, te_name, prov["test_index"], prov["test_checksum"])
+    return X, y, Xt, yt, prov
+
+
+def rebuild(cell: dict, read) -> dict:
+    """What a stored cell keeps as indices and seeds, rebuilt bit for bit: X, y, X_test, y_test
+    from the data files (checksums checked) and W0 from the seed (drawn on the CPU in float64, cast
+    to the training dtype as training did)."""
+    tr_name, te_name = FILES[cell["data"]]
+    X, y = prepared(cell, tr_name, read("data_index")[: int(read("m_used"))], int(read("data_checksum")))
+    Xt, yt = prepared(cell, te_name, read("test_index")[: int(read("n_test_used"))], int(read("test_checksum")))
+    W0 = cell_fn.init_stack([cell["seed"]], cell["d"], cell["m"], cell_fn.has_bias(cell), getattr(torch, cell["dtype"]),
+                            torch.device("cpu"))[0][0]
+    return {"X": X.numpy(), "y": y.numpy(), "X_test": Xt.numpy(), "y_test": yt.numpy(), "W0": W0.double().numpy()}
 
 
 def run_bundle(cells: list[dict], device: str = "auto") -> list[dict]:
     t0 = time.perf_counter()
-    X, y, Xt, yt = load_data(cells[0])
+    X, y, Xt, yt, prov = load_data(cells[0])
     out = cell_fn.run(cells, X, y, Xt, yt, device_of(device))
     wall = (time.perf_counter() - t0) / len(cells)
-    for res in out:
-        res["wall_s"] = wall
-    return out
+    return [dict(res, wall_s=wall, **prov) for res in out]
 
 
 EXPERIMENT = register(Experiment(
@@ -159,6 +193,6 @@ EXPERIMENT = register(Experiment(
     paper="003 Wang, Ullah, Mianjy, Arora: Adversarial robustness is at odds with lazy training",
     description="lazy SGD to the exit of the ball ||W - W0||_{2,inf} <= C0/sqrt(m), snapshots per C0 (produces nets)",
     params=P, variables=V, run_bundle=run_bundle, bundle_key=bundle_key, cost=cost, check=check, memory=memory,
-    memory_fields=("m", "d"), extra_dims=extra_dims, produces=("nets",),
+    memory_fields=("m", "d"), extra_dims=extra_dims, produces=("nets",), rebuild=rebuild,
     summary=("test_acc", "exited", "steps", "C0_reached"), spec_ids=("E1", "E2", "E3", "X2", "X6"),
 ))

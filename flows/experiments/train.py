@@ -50,7 +50,7 @@ V = {
     "b": Var("1", "trained biases b_j (zero past width_used)", dims=("hidden",), pad=0.0),
     "v": Var("1", "trained output weights v_j (zero past width_used)", dims=("hidden",), pad=0.0),
     "X": Var("1", "training points x_i (zero past m_used, d_used); not stored (fill) for data read from a file "
-             "(cifar_vehicles: data_index and data_checksum instead; storage.nets.load_nets_at rebuilds X)",
+             "(cifar_vehicles: data_index and data_checksum instead; the experiment's rebuild gives X back)",
              dims=("sample", "feature"), pad=0.0),
     "y": Var("1", "training labels y_i in {-1, 1} (zero past m_used)", dims=("sample",), pad=0.0),
     "data_index": Var("1", "index of each training point in the CIFAR-10 training split (data: cifar_vehicles; "
@@ -117,12 +117,23 @@ def run_bundle(cells: list[dict], device: str = "auto", checkpoint: str | None =
     return out
 
 
+def rebuild(cell: dict, read) -> dict:
+    """A CIFAR cell's training rows from its stored indices, checksum checked (the file it was
+    trained on); synthetic cells store their X and rebuild nothing."""
+    from storage import datasets
+
+    rows = read("data_index")[: int(read("m_used"))]
+    if cell.get("data") != CIFAR or not len(rows) or rows[0] < 0:
+        return {}
+    return {"X": datasets.cifar_rows(rows, int(read("data_checksum"))).numpy()}
+
+
 EXPERIMENT = register(Experiment(
     name="train",
     paper="002 Vardi, Yehudai, Shamir (the training of nonrobust, as a stage)",
     description="train two-layer ReLU nets to loss 1e-30 and store them (stage 1 of a chain; then universal_attack)",
     params=P, variables=V, run_bundle=run_bundle, bundle_key=nonrobust.bundle_key, cost=nonrobust.cost,
     check=check, memory=memory, memory_fields=("d", "m", "alpha", "width"), checkpoints=True,
-    extra_dims=extra_dims, produces=("nets",),
+    extra_dims=extra_dims, produces=("nets",), rebuild=rebuild,
     summary=("m_used", "status", "iters", "log10_loss", "train_acc"),
 ))

@@ -44,8 +44,7 @@ def run(cells: list[dict], X: torch.Tensor, y: torch.Tensor, Xt: torch.Tensor, y
             "clean_acc": float((yt * f_te[e] > 0).double().mean()),
             "R_train": float(c["R"]), "V_train": float(c["V"]),
             "m_used": len(y), "d_used": d, "width_used": m, "n_test_used": len(yt), "nets_stored": int(keep),
-            "W": cut(net.W[e]), "b": cut(net.b[e]), "v": cut(net.v[e]), "W0": cut(W0[e]),
-            "X": cut(X), "y": cut(y), "X_test": cut(Xt), "y_test": cut(yt),
+            "W": cut(net.W[e]), "b": cut(net.b[e]), "v": cut(net.v[e]),
             "batch_rng_state": gens[e].get_state().numpy(),
         })
     return out

@@ -77,8 +77,7 @@ def run(cells: list[dict], X: torch.Tensor, y: torch.Tensor, Xt: torch.Tensor, y
             "test_acc": float((yt * f_te > 0).double().mean()), "train_acc": float((y * f_tr > 0).double().mean()),
             "train_loss": float(mean_logistic_loss(f_tr, y)),
             "m_used": len(y), "d_used": d, "width_used": m, "n_test_used": len(yt), "nets_stored": int(keep),
-            "W": cut(net.W[0]), "b": cut(net.b[0]), "v": cut(net.v[0]), "W0": cut(W0[e]),
-            "X": cut(X), "y": cut(y), "X_test": cut(Xt), "y_test": cut(yt),
+            "W": cut(net.W[0]), "b": cut(net.b[0]), "v": cut(net.v[0]),
             "batch_rng_state": gens[e].get_state().numpy(),
         })
     return out
