@@ -107,6 +107,11 @@ class Experiment:
     # what the sweep loaded from the upstream cells (storage.query.load_nets for "nets").
     produces: tuple[str, ...] = ()
     reads: str | None = None
+    # Parameters a reading experiment takes from the upstream cell it reads (own name -> the
+    # upstream experiment's name, e.g. unlearn's retrain_lr <- train_kkt's lr): where the upstream
+    # experiment has that parameter it is set there only (flows/stages.py refuses it in the reading
+    # stage, naming the field) and applied per cell on the worker (flows/sweep.py::compute_reading).
+    inherits: dict[str, str] = dataclasses.field(default_factory=dict)
     # A producer that leaves arrays out of the store and rebuilds them when they are read
     # (storage.nets.load_nets_at): ``rebuild(cell, read)`` gets the upstream cell as it was run and
     # ``read(name)`` -> that cell's stored array, and returns name -> array (unpadded), e.g. the

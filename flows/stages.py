@@ -150,12 +150,27 @@ def _stage(i: int, st: Any, raw: dict, earlier: list[config_mod.Config]) -> conf
         return cfg
     up = _upstream(f, name, source, earlier, raw)
     _reads(f, exp, source, up)
+    _inherited(f, st, cfg, source, up)
     cfg.upstream_grid = dict(up.store_grid)
     cfg.upstream_extra = up.extra_sizes()
     if math.prod(len(v) for v in cfg.store_grid.values()) > cfg.runner["max_cells"]:
         raise ConfigError(f"{f}.grid", f"{cfg.n_cells:,} cells (the cells of {source!r} x this grid) is more than "
                           f"the limit of {cfg.runner['max_cells']:,} (runner.max_cells)")
     return cfg
+
+
+def _inherited(f: str, st: dict, cfg: config_mod.Config, source: str, up: config_mod.Config) -> None:
+    """A parameter the stage takes from its upstream cells (Experiment.inherits) is set there only:
+    two values for one thing would be one silently overridden. It leaves the stage's own params (and
+    so its group's identity): each cell gets the upstream cell's value on the worker."""
+    for mine, theirs in cfg.exp.inherits.items():
+        if theirs not in up.exp.params:
+            continue
+        for part in ("params", "grid"):
+            if mine in (st.get(part) or {}):
+                raise ConfigError(f"{f}.{part}.{mine}", f"is taken from each cell of stage {source!r} (its "
+                                  f"{theirs!r}, experiment '{up.exp.name}'); set {theirs!r} there, not here")
+        cfg.params.pop(mine, None)
 
 
 def _reads(f: str, exp, source: str, up: config_mod.Config) -> None:

@@ -174,7 +174,10 @@ def _with(stage: int, **kw) -> dict:
     (_with(1, **{"params.forget": -3}), "stages[1].params.forget"),
     (_with(0, **{"params.store_nets": False}), "stages[1].from"),
     (_with(0, **{"params.data": "orthonormal", "params.m": 30}), "stages[0].data"),
-], ids=["alpha<0", "k=0", "forget=-3", "train stored no nets", "orthonormal m>d"])
+    (_with(1, **{"params.retrain_lr": 0.5}), "stages[1].params.retrain_lr"),
+    (_with(1, **{"grid.mu_a": [0.1, 0.2]}), "stages[1].grid.mu_a"),
+], ids=["alpha<0", "k=0", "forget=-3", "train stored no nets", "orthonormal m>d",
+        "retrain_lr is the train stage's lr", "mu_a is the train stage's"])
 def test_bad_config_names_the_field(raw, field):
     with pytest.raises(ConfigError) as err:
         config.parse(raw)

@@ -7,9 +7,11 @@ with their preconditions. Declaration and wiring only; the maths is ``tasks/cell
 
 Axes: method, alpha, forget (index l, -1 one random l per net, -2 every l: the max over l that
 Def 2.2 asks for), k. Its group's dims are the train stage's dims followed by its own.
-The retrain reference and D_MG test points redraw what training drew: ``init_scale``, ``retrain_*``
-and ``mu_*`` are taken from the train stage's cell (its fixed parameters and coordinates, which
-``storage.nets.load_nets_at`` gives with the nets), over the stage's own values.
+The retrain reference and D_MG test points redraw what training drew: ``init_scale``, ``retrain_*``,
+``mu_*``, ``loss`` and ``model`` are taken from the train stage's cell (``INHERITS``: its fixed
+parameters and coordinates, which ``storage.nets.load_nets_at`` gives with the nets); a config sets
+them in the train stage only (the unlearn stage's values apply when the upstream has no such
+parameter, e.g. a paper-002 ``train`` stage has no mu_a).
 """
 
 from __future__ import annotations
@@ -102,10 +104,10 @@ V = {
 }
 
 
-# train_kkt parameters that set an unlearn parameter: the upstream cell's value (a fixed parameter
-# or a grid coordinate, e.g. F001-6 sweeps mu_a in the train stage) wins over the stage's own
-FROM_UPSTREAM = {"mu_a": "mu_a", "mu_scaling": "mu_scaling", "init_scale": "init_scale", "lr": "retrain_lr",
-                 "wd": "retrain_wd", "epochs": "retrain_epochs", "loss": "loss", "model": "model"}
+# Taken from the train stage's cell it reads (a fixed parameter or a grid coordinate, e.g. F001-6
+# sweeps mu_a in the train stage): the retrain reference and D_MG points redraw what training drew.
+INHERITS = {"mu_a": "mu_a", "mu_scaling": "mu_scaling", "init_scale": "init_scale", "retrain_lr": "lr",
+            "retrain_wd": "wd", "retrain_epochs": "epochs", "loss": "loss", "model": "model"}
 
 
 def bundle_key(cell: dict) -> tuple:
@@ -118,8 +120,6 @@ def run_bundle(cells: list[dict], device: str = "auto", inputs=None) -> list[dic
     t0 = time.perf_counter()
     n = inputs
     keys = [repr(sorted(c.items())) for c in n.cells]
-    cells = [dict(c, **{mine: up[theirs] for theirs, mine in FROM_UPSTREAM.items() if theirs in up})
-             for c, up in zip(cells, n.cells)]
     out = cell_fn.unlearn(n.W, n.v, n.X, n.y, n.mask, n.d, n.m, n.width, n.rng_state, keys, cells)
     for res in out:
         res["wall_s"] = (time.perf_counter() - t0) / len(cells)
@@ -130,8 +130,8 @@ EXPERIMENT = register(Experiment(
     name="unlearn",
     paper="001 Provable unlearning with gradient ascent on two-layer ReLU networks",
     description="GA / k-GA / retrain unlearning judged by the KKT criterion (Def 2.2) on stored nets (reads 'nets')",
-    params=P, variables=V, run_bundle=run_bundle, bundle_key=bundle_key, reads="nets",
-    cost=lambda c: 1.0 + (c["retrain_epochs"] if c["method"] == "retrain" or c["ref_retrain"] else 0),
+    params=P, variables=V, run_bundle=run_bundle, bundle_key=bundle_key, reads="nets", inherits=INHERITS,
+    cost=lambda c: 1.0 + (c.get("retrain_epochs", 10**5) if c["method"] == "retrain" or c["ref_retrain"] else 0),
     summary=("m_used", "eps", "delta", "eps_rel", "eps1", "tau_fixed", "cos_svm", "preconditions_met"),
     spec_ids=("F001-1", "F001-2", "F001-3", "F001-4", "F001-5", "F001-6", "P001-4", "P001-5", "P001-6", "P001-7",
               "P001-8", "P001-10"),

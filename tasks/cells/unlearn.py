@@ -107,7 +107,7 @@ def unlearn(W, v, X, y, mask, d, m, width, rng, keys: list[str], cells: list[dic
     c0 = cells[0]
     linear, tol, method = c0["model"] == "linear", c0["tie_tol"], c0["method"]
     for f in ("model", "loss", "init_scale", "retrain_lr", "retrain_wd", "retrain_epochs"):
-        if len({c[f] for c in cells}) > 1:  # set per upstream cell (flows FROM_UPSTREAM): one per bundle here
+        if len({c[f] for c in cells}) > 1:  # set per upstream cell (Experiment.inherits): one per bundle here
             raise ValueError(f"{f}: the nets of one bundle were trained with different values "
                              f"{sorted({c[f] for c in cells})}; give the unlearn stage one value per run")
     uniq = list(dict.fromkeys(keys))
