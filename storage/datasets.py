@@ -86,10 +86,10 @@ def check_mnist(root: pathlib.Path) -> dict[str, str]:
     return out
 
 
-def mnist(split: str = "train", root: pathlib.Path | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """MNIST images in [0,1] as (n, 784) float64 and labels (n,) int64 (files checked first)."""
-    root = (root or shared_data_dir()) / "mnist"
-    check_mnist(root)
+def _mnist_raw(root: pathlib.Path, split: str) -> tuple[np.ndarray, np.ndarray, str]:
+    """The checked MNIST ``split`` files of ``root`` (the mnist folder): images (n, 784) uint8,
+    labels (n,) int64 and the images file's sha256."""
+    sums = check_mnist(root)
     pre = "train" if split == "train" else "t10k"
     try:
         x = _idx(root / f"{pre}-images-idx3-ubyte.gz", 16).reshape(-1, 784)
@@ -98,7 +98,13 @@ def mnist(split: str = "train", root: pathlib.Path | None = None) -> tuple[torch
         raise DataError(f"MNIST {split} files in {root} cannot be read as IDX: {err}") from None
     if len(x) != len(y):
         raise DataError(f"MNIST {split} files in {root}: {len(x)} images but {len(y)} labels")
-    return torch.from_numpy(x.astype(np.float64) / 255.0), torch.from_numpy(y.astype(np.int64))
+    return x, y.astype(np.int64), sums[f"{pre}-images-idx3-ubyte.gz"]
+
+
+def mnist(split: str = "train", root: pathlib.Path | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """MNIST images in [0,1] as (n, 784) float64 and labels (n,) int64 (files checked first)."""
+    x, y, _ = _mnist_raw((root or shared_data_dir()) / "mnist", split)
+    return torch.from_numpy(x.astype(np.float64) / 255.0), torch.from_numpy(y)
 
 
 def mnist01(split: str = "train", root: pathlib.Path | None = None) -> tuple[torch.Tensor, torch.Tensor, str]:
@@ -133,13 +139,17 @@ def digits01() -> tuple[torch.Tensor, torch.Tensor]:
     return x, (y * 2 - 1).double()
 
 
+def _cifar_raw(path: pathlib.Path, split: str) -> tuple[np.ndarray, np.ndarray]:
+    """The CIFAR-10 subset's ``split``: (n, 3072) uint8 channel-major rows and labels (n,) int64."""
+    with np.load(path) as z:
+        x, y = z[f"x_{split}"], z[f"y_{split}"]
+    return x.transpose(0, 3, 1, 2).reshape(len(x), -1), y.astype(np.int64)
+
+
 def cifar10(split: str = "train", root: pathlib.Path | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """CIFAR-10 subset in [0,1] as (n, 3072) float64 (channel-major rows) and labels (n,)."""
-    root = (root or shared_data_dir()) / "cifar10"
-    with np.load(root / "cifar10_batch1_test1000.npz") as z:
-        x, y = z[f"x_{split}"], z[f"y_{split}"]
-    x = x.transpose(0, 3, 1, 2).reshape(len(x), -1)
-    return torch.from_numpy(x.astype(np.float64) / 255.0), torch.from_numpy(y.astype(np.int64))
+    x, y = _cifar_raw(cifar_path(root), split)
+    return torch.from_numpy(x.astype(np.float64) / 255.0), torch.from_numpy(y)
 
 
 CIFAR_FILE = "cifar10_batch1_test1000.npz"
@@ -207,19 +217,16 @@ def _file_set(name: str, root: str, stamp: tuple) -> tuple[np.ndarray, np.ndarra
     """(raw images, labels, pixel scale, 60-bit checksum) of a whole file data set."""
     base = pathlib.Path(root)
     if name.startswith("mnist"):
-        pre = "train" if name == "mnist-train" else "t10k"
-        sha = check_mnist(base / "mnist")[f"{pre}-images-idx3-ubyte.gz"]
-        x = _idx(base / "mnist" / f"{pre}-images-idx3-ubyte.gz", 16).reshape(-1, 28, 28)
-        return x, _idx(base / "mnist" / f"{pre}-labels-idx1-ubyte.gz", 8).astype(np.int64), 255.0, int(sha[:15], 16)
+        x, y, sha = _mnist_raw(base / "mnist", name.split("-")[1])
+        return x.reshape(-1, 28, 28), y, 255.0, int(sha[:15], 16)
     if name == "digits":
         from sklearn.datasets import load_digits
 
         ds = load_digits()
         h = hashlib.sha256(ds.images.astype(np.float64).tobytes() + ds.target.astype(np.int64).tobytes())
         return ds.images, ds.target.astype(np.int64), 16.0, int(h.hexdigest()[:15], 16)
-    with np.load(cifar_path(base)) as z:
-        x, y = z["x_train"], z["y_train"]
-    return x.transpose(0, 3, 1, 2).reshape(len(x), -1), y.astype(np.int64), 255.0, int(sha256(cifar_path(base))[:15], 16)
+    x, y = _cifar_raw(cifar_path(base), "train")
+    return x, y, 255.0, int(sha256(cifar_path(base))[:15], 16)
 
 
 def checksum60(name: str, root: pathlib.Path | None = None) -> int:

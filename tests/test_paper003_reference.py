@@ -24,7 +24,7 @@ DIGITS = {"data": "digits", "variant": "unit", "resample": "bilinear", "d": 64, 
 @pytest.fixture(scope="module")
 def digits_nets():
     cells = [dict(DIGITS, seed=s, C0=10.0) for s in (0, 1)]
-    X, y, Xt, yt = lazy_exp.load_data(cells[0])
+    X, y, Xt, yt, _ = lazy_exp.load_data(cells[0])
     out = lazy_cell.run(cells, X, y, Xt, yt, torch.device("cpu"))
     net = TwoLayer(*(torch.stack([torch.from_numpy(r[k]) for r in out]) for k in ("W", "b", "v")))
     return out, net, Xt, yt
