@@ -16,6 +16,7 @@ import functools
 import hashlib
 import json
 import pathlib
+import sys
 
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
@@ -28,6 +29,8 @@ from flows import result_cache
 from flows.result_cache import FAILED
 from storage.schema import UPSTREAM_HASH
 from storage.store import Store
+
+SHOWN_DAMAGED = 5  # damaged cells named when a run recomputes them (kktlab verify names them all)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -110,7 +113,6 @@ def compute_reading(exp, cells: list[dict], device: str, inputs: dict) -> list[d
     worker (never passed through the flow); a cell whose upstream cell is not usable (not done,
     failed, no nets stored) is failed with that reason, not computed. Each computed cell keeps the
     ``cell_hash`` of the upstream cell read with its nets (``upstream_hash``: storage/stale.py)."""
-    from flows import experiments
     from storage.nets import load_nets_at, producer
 
     up = experiments.get(producer(inputs["store"], inputs["group"]))
@@ -191,11 +193,18 @@ def plan(cfg: config_mod.Config, store: Store, force: bool, retry_failed: bool =
     from storage.stale import stale_cells
 
     cells = cfg.store_cells()
-    store.restore_arrays(cfg.exp, cfg.store_grid, cfg.extra_sizes())
-    store.mark_not_done(store.verify(cfg.exp).cells)
+    restored = store.restore_arrays(cfg.exp, cfg.store_grid, cfg.extra_sizes())
+    if restored:
+        print(f"[kktlab] {store.path}: re-created damaged arrays from the template: {', '.join(restored)} "
+              f"(group '{cfg.name}')", file=sys.stderr)
+    report = store.verify(cfg.exp)
+    if report.damaged:
+        print(f"[kktlab] {report.damaged} done cells of '{cfg.name}' are damaged; they are recomputed:", file=sys.stderr)
+        print("\n".join(report.lines(SHOWN_DAMAGED)), file=sys.stderr)
+    store.mark_not_done(report.cells)
     stale = store.mark_not_done(stale_cells(store.path, store.group_name).cells)
     if stats is not None:
-        stats["stale_recomputed"] = stale
+        stats["stale_recomputed"], stats["damaged_recomputed"] = stale, report.damaged
     done = store.done_mask().ravel()
     if retry_failed:
         done &= ~store.failed_mask().ravel()

@@ -98,37 +98,25 @@ def cmd_run(args) -> int:
     from flows.sweep import open_store, run
     from storage.query import open_results, summary
 
-    damaged = []  # per config: the verify report of each stage
     for cfg, store in zip(cfgs, stores):
         if os.path.exists(os.path.join(store, "zarr.json")):
             from storage.verify import find_groups
 
             find_groups(store)  # a group whose metadata is gone: one line, before anything runs
-        reports = []
-        for stage in cfg.stages:
-            opened = open_store(stage, store, stage.runner["device"])
-            restored = opened.restore_arrays(stage.exp, stage.store_grid, stage.extra_sizes())
-            if restored:
-                where = f" (group '{stage.name}')" if len(cfg.stages) > 1 else ""
-                print(f"[kktlab] {store}: re-created damaged arrays from the template: {', '.join(restored)}{where}",
-                      file=sys.stderr)
-            reports.append(opened.verify(stage.exp))
-        damaged.append(reports)
+        for stage in cfg.stages:  # an existing group of another experiment or grid: one line, before the server
+            open_store(stage, store, stage.runner["device"])
     all_stats = []
     try:
         with runtime.prefect_api():  # stopped on the way out, whatever happens (SIGTERM included)
-            for cfg, store, reports in zip(cfgs, stores, damaged):
-                for stage, report in zip(cfg.stages, reports):
+            for cfg, store in zip(cfgs, stores):
+                for stage in cfg.stages:
                     print(f"[kktlab] {stage.experiment} '{stage.name}': {stage.n_cells} cells -> {store}",
                           file=sys.stderr)
-                    if report.damaged:
-                        print(f"[kktlab] {report.damaged} done cells are damaged; they are recomputed:",
-                              file=sys.stderr)
-                        print("\n".join(report.lines(SHOWN_DAMAGED)), file=sys.stderr)
+                # damaged cells are found (once) and named when each stage is planned (flows/sweep.py::plan)
                 ran = run(cfg, store, force=args.force, retry_failed=args.retry_failed)
-                for stage, report, stats in zip(cfg.stages, reports, ran if isinstance(ran, list) else [ran]):
-                    _print_stage(stage, store, report, stats, summary(open_results(store, stage.name),
-                                                                      variables=stage.exp.summary))
+                for stage, stats in zip(cfg.stages, ran if isinstance(ran, list) else [ran]):
+                    _print_stage(stage, store, stats, summary(open_results(store, stage.name),
+                                                              variables=stage.exp.summary))
                     all_stats.append(stats)
     except BaseException:
         if SIGNALLED:  # SIGTERM/SIGINT, whatever Prefect turned it into (TerminationSignal, Abort)
@@ -145,8 +133,7 @@ def cmd_run(args) -> int:
     return 0
 
 
-def _print_stage(cfg, store, report, stats, table: str) -> None:
-    stats["damaged_recomputed"] = report.damaged
+def _print_stage(cfg, store, stats, table: str) -> None:
     print(f"\n== {cfg.experiment} / {cfg.name}")
     print(table)
     print(f"store: {os.path.abspath(store)}  group: {cfg.name}")
