@@ -1,7 +1,7 @@
 """Acceptance rows of paper 004 (spec §5, P004-13 … P004-17) from a ``reconstruct`` group.
 
 P004-16 needs an image group (F004-2, configs/paper-004-f2-cifar.yaml) with shifts 0, 0.5, 5;
-P004-17 (candidates vs means of their K nearest images) is not implemented: not judged."""
+P004-17 a group with shift 0.5 (its per-cell ``avg_frac``, tasks/reconstruct/score.py::knn_averages)."""
 
 from __future__ import annotations
 
@@ -47,9 +47,26 @@ def acceptance(ds: xr.Dataset) -> list[Row]:
         rows.append(skipped("P004-15", "score std across runs >= 10x relative objective std", ">= 1",
                             "needs >= 2 restarts per radius"))
     rows.append(_ssim_row(ds))
-    rows.append(skipped("P004-17", "u=0.5 candidates closer to K-means than to nearest", "majority",
-                        "K-nearest means are not computed (not implemented)"))
+    rows.append(_averages_row(ds))
     return rows
+
+
+def _averages_row(ds: xr.Dataset) -> Row:
+    """P004-17: at u = 0.5 the majority of the 10 best candidates are closer (unit-normalised) to the
+    mean of their K = 2..10 nearest training points than to the nearest one; judged on the median
+    over usable cells of the per-cell fraction (``avg_frac``)."""
+    from storage.query import usable
+
+    crit, thr = "u=0.5: 10 best candidates closer to a K-nearest mean (K=2..10) than to the nearest", "median > 0.5"
+    if "avg_frac" not in ds or "shift" not in ds.dims or 0.5 not in set(map(float, ds["shift"].values)):
+        return skipped("P004-17", crit, thr, "needs a group with shift 0.5 (F004-2)")
+    vals = np.asarray(ds.avg_frac.where(usable(ds)).sel(shift=0.5).values, dtype=float).ravel()
+    vals = vals[np.isfinite(vals)]
+    if not vals.size:
+        return skipped("P004-17", crit, thr, "no usable cell at shift 0.5")
+    med = float(np.median(vals))
+    return Row(crit, "P004-17", f"median fraction {med:.3g} over {vals.size} runs", thr, med > 0.5,
+               "unit-normalised distances, shift taken off", value=med)
 
 
 def _ssim_row(ds: xr.Dataset) -> Row:

@@ -22,9 +22,14 @@ def path_for(store: str, group: str, key: str) -> str:
     return str(pathlib.Path(str(store) + ".checkpoints") / group / f"{key}.pt")
 
 
-def save(path: str, st: train.TrainState, generators: list[torch.Generator]) -> None:
+EXTRA = "extra_"  # prefix of the optional tensors saved beside a state (e.g. train's logged trajectory)
+
+
+def save(path: str, st: train.TrainState, generators: list[torch.Generator],
+         extra: dict[str, torch.Tensor] | None = None) -> None:
     payload = train.state_to_dict(st)
     payload["generators"] = [g.get_state() for g in generators]
+    payload.update({EXTRA + k: t.detach().cpu() for k, t in (extra or {}).items()})
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.tmp{os.getpid()}"
     torch.save(payload, tmp)
@@ -32,8 +37,10 @@ def save(path: str, st: train.TrainState, generators: list[torch.Generator]) -> 
 
 
 def load(path: str, device, dtype, generators: list[torch.Generator],
-         check: Callable[[train.TrainState], None] | None = None) -> train.TrainState | None:
-    """The saved state (generators restored in place), or None if there is no usable checkpoint.
+         check: Callable[[train.TrainState], None] | None = None,
+         extra: dict | None = None) -> train.TrainState | None:
+    """The saved state (generators restored in place), or None if there is no usable checkpoint;
+    ``extra`` (a dict) receives the tensors saved with ``save(extra=...)``.
 
     A file that cannot be read with ``weights_only=True`` (garbage, a pickle with code, a state
     of other shapes) or whose state fails ``check`` (e.g. a net marked converged whose loss is
@@ -47,6 +54,7 @@ def load(path: str, device, dtype, generators: list[torch.Generator],
         if not isinstance(payload, dict):
             raise ValueError(f"holds a {type(payload).__name__}, not a training state")
         states = payload.pop("generators")
+        saved_extra = {k[len(EXTRA):]: payload.pop(k) for k in list(payload) if k.startswith(EXTRA)}
         if len(states) != len(generators):
             raise ValueError(f"has {len(states)} generator states for a bundle of {len(generators)}")
         for g, s in zip(generators, states):
@@ -54,6 +62,8 @@ def load(path: str, device, dtype, generators: list[torch.Generator],
         st = train.state_from_dict(payload, device, dtype)
         if check is not None:
             check(st)
+        if extra is not None:
+            extra.update(saved_extra)
         return st
     except Exception as err:  # noqa: BLE001 - whatever is wrong with the file, it is not used
         for g, s in zip(generators, saved):

@@ -15,12 +15,13 @@ from storage.query import groups, open_results, provenance, stage_scalars, statu
 # (a reading stage's group comes with its upstream's per-cell numbers: storage.query.stage_scalars)
 FIGURES = {"nonrobust": "analysis.nonrobust", "universal_attack": "analysis.nonrobust",
            "forging": "analysis.forging", "forging_sgd": "analysis.forging_sgd", "unlearn": "analysis.unlearn",
-           "single_step": "analysis.lazy", "pgd": "analysis.lazy", "reconstruct": "analysis.reconstruct"}
+           "single_step": "analysis.lazy", "pgd": "analysis.lazy", "reconstruct": "analysis.reconstruct",
+           "kkt_constructions": "analysis.kkt_constructions"}
 # experiment -> module in analysis/ with ``acceptance(ds) -> [analysis.acceptance.Row]``
 ACCEPTANCE = {"nonrobust": "analysis.acceptance_002", "universal_attack": "analysis.acceptance_002",
               "forging": "analysis.acceptance_000", "unlearn": "analysis.acceptance_001",
               "single_step": "analysis.acceptance_003", "pgd": "analysis.acceptance_003",
-              "reconstruct": "analysis.acceptance_004"}
+              "reconstruct": "analysis.acceptance_004", "kkt_constructions": "analysis.kkt_constructions"}
 # producing stages whose numbers are drawn with the stages that read them
 DRAWN_BY_READERS = ("train", "train_kkt", "lazy_train", "adv_train")
 

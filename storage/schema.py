@@ -63,6 +63,8 @@ def template(exp: Experiment, grid: dict[str, list], extra_sizes: dict[str, int]
     shape = tuple(len(v) for v in grid.values())
     data_vars = {}
     for name, var in exp.variables.items():
+        if any(extra_sizes[x] == 0 for x in var.dims):  # an opt-in variable switched off (e.g. train's
+            continue  # log_step trajectory with log_points 0): not in the group, the layout is as without it
         vdims = dims + var.dims
         vshape = shape + tuple(extra_sizes[x] for x in var.dims)
         chunks = (1,) * len(dims) + tuple(extra_sizes[x] for x in var.dims)

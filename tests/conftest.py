@@ -60,6 +60,24 @@ def cli():
     return types.SimpleNamespace(run=_run_cli, argv=list(KKTLAB), root=ROOT)
 
 
+@pytest.fixture(scope="session")
+def run_chain(prefect_server, cli, tmp_path_factory):
+    """``run_chain(raw, name, timeout=600)``: write the config dict ``raw`` to a fresh folder as
+    ``chain.yaml``, run ``kktlab run`` on it (store ``chain.zarr``, counts ``stats.json``) through the
+    real CLI (real Prefect server, Dask LocalCluster), assert it exits 0; returns the folder."""
+    import yaml
+
+    def _run(raw: dict, name: str, timeout: int = 600) -> pathlib.Path:
+        root = tmp_path_factory.mktemp(name)
+        (root / "chain.yaml").write_text(yaml.safe_dump(raw))
+        res = cli.run("run", root / "chain.yaml", "--store", root / "chain.zarr", "--json", root / "stats.json",
+                      timeout=timeout)
+        assert res.returncode == 0, res.stderr[-3000:]
+        return root
+
+    return _run
+
+
 @pytest.fixture
 def write_config(tmp_path):
     """Write a YAML config dict to a file and return its path."""

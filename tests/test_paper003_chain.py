@@ -60,14 +60,8 @@ def test_bad_config_names_the_field_before_any_work(label, over, field, hint):
 
 
 @pytest.fixture(scope="module")
-def ran(prefect_server, cli, tmp_path_factory):
-    import yaml
-
-    root = tmp_path_factory.mktemp("lazy003")
-    (root / "c.yaml").write_text(yaml.safe_dump(lazy_chain()))
-    res = cli.run("run", root / "c.yaml", "--store", root / "s.zarr", "--json", root / "stats.json")
-    assert res.returncode == 0, res.stderr[-3000:]
-    return root
+def ran(run_chain):
+    return run_chain(lazy_chain(), "lazy003")
 
 
 @pytest.mark.slow
@@ -77,8 +71,8 @@ def test_E1_chain_end_to_end_dims_and_lazy_ball(ran):
     stats = json.loads((ran / "stats.json").read_text())
     assert [s["group"] for s in stats] == ["lazy", "flips", "adv", "robust"]
     assert [s["written"] for s in stats] == [8, 8, 2, 2] and all(s["failed"] == 0 for s in stats)
-    lazy = open_results(ran / "s.zarr", "lazy").load()
-    flips = open_results(ran / "s.zarr", "flips").load()
+    lazy = open_results(ran / "chain.zarr", "lazy").load()
+    flips = open_results(ran / "chain.zarr", "flips").load()
     assert set(flips.delta_rel.dims) == {"data", "d", "C0", "seed", "method", "test_sample"}
     assert dict(lazy.test_index.sizes)["test_sample"] == 64 and dict(lazy.W.sizes)["hidden"] == 64
     assert not {"X", "y", "X_test", "y_test", "W0"} & set(lazy.data_vars)  # indices + checksums, seeds: no copies
@@ -99,8 +93,8 @@ def test_stored_single_steps_recompute_from_the_stored_nets(ran):
     from tasks.attacks import single_step_exact
     from tasks.nets import TwoLayer
 
-    flips = open_results(ran / "s.zarr", "flips").load()
-    n = load_nets(ran / "s.zarr", "lazy", data="mnist", d=49)
+    flips = open_results(ran / "chain.zarr", "flips").load()
+    n = load_nets(ran / "chain.zarr", "lazy", data="mnist", d=49)
     r = single_step_exact(TwoLayer(n.W, n.b, n.v), n.extra["X_test"])
     for e, cell in enumerate(n.cells):
         coords = {k: v for k, v in cell.items() if k in flips.eta_star.dims}  # cells also hold fixed params
@@ -113,8 +107,8 @@ def test_stored_single_steps_recompute_from_the_stored_nets(ran):
 def test_E4_adv_train_then_pgd_wider_ball_is_more_robust(ran):
     from storage.query import open_results
 
-    adv = open_results(ran / "s.zarr", "adv").load()
-    rob = open_results(ran / "s.zarr", "robust").load()
+    adv = open_results(ran / "chain.zarr", "adv").load()
+    rob = open_results(ran / "chain.zarr", "robust").load()
     assert set(rob.rta.dims) == {"V", "R", "seed", "restarts"}
     assert (rob.R_used == 0.1).all() and (rob.max_delta <= 0.1 * (1 + 1e-9)).all()
     assert (rob.rta <= rob.clean_acc + 1e-12).all()
@@ -145,15 +139,15 @@ def test_report_draws_paper003_figures_and_acceptance_rows(ran, tmp_path):
     from kktlab.report import report
     from storage.query import load_scalars, open_results
 
-    paths = report(ran / "s.zarr", tmp_path)
+    paths = report(ran / "chain.zarr", tmp_path)
     names = {p.name for p in paths}
     assert {"flips_fig3-6_mnist_med_delta_rel.png", "flips_fig3-6_digits_med_gnorm.png", "robust_rta_vs_R.png",
             "flips_fig7_delta_rel.png", "flips_fig7_eta_star.png"} <= names
-    rows = acceptance_003.acceptance(load_scalars(open_results(ran / "s.zarr", "flips")))
+    rows = acceptance_003.acceptance(load_scalars(open_results(ran / "chain.zarr", "flips")))
     assert {r.spec_id for r in rows} == {"E1", "E2", "E3"}
     e2 = [r for r in rows if r.criterion.startswith("med_gnorm increases")]
     assert len(e2) == 2 and all(0.0 <= r.value <= 1.0 for r in e2)  # one row per data set, never pooled
-    hist = lazy.histograms(open_results(ran / "s.zarr", "flips").load(), tmp_path, "h_", sel={"data": "mnist"})
+    hist = lazy.histograms(open_results(ran / "chain.zarr", "flips").load(), tmp_path, "h_", sel={"data": "mnist"})
     assert len(hist) == 3 and all(p.stat().st_size > 0 for p in hist)
 
 

@@ -45,14 +45,8 @@ def test_bad_reconstruct_config_names_the_field(label, raw, field):
 
 
 @pytest.fixture(scope="module")
-def chained(prefect_server, cli, tmp_path_factory):
-    import yaml
-
-    root = tmp_path_factory.mktemp("reconstruct")
-    (root / "chain.yaml").write_text(yaml.safe_dump(chain()))
-    res = cli.run("run", root / "chain.yaml", "--store", root / "chain.zarr", "--json", root / "stats.json")
-    assert res.returncode == 0, res.stderr[-3000:]
-    return root
+def chained(run_chain):
+    return run_chain(chain(), "reconstruct")
 
 
 @pytest.mark.slow
@@ -79,6 +73,7 @@ def test_F004_chain_end_to_end_dims_and_candidate_chunks(chained):
 @pytest.mark.slow
 def test_F004_stored_scores_equal_a_recomputation_from_stored_candidates(chained):
     from storage.query import load_nets, open_results
+    from tasks.reconstruct import score as S
 
     att = open_results(chained / "chain.zarr", "attack").load()
     n = load_nets(chained / "chain.zarr", "nets", d=16)
@@ -91,6 +86,10 @@ def test_F004_stored_scores_equal_a_recomputation_from_stored_candidates(chained
                 np.testing.assert_allclose(D.min(1), sel.dist.values, rtol=1e-12, atol=1e-12)
                 np.testing.assert_array_equal(D.argmin(1), sel.nearest.values)
                 assert abs(np.sort(D.min(1))[:5].mean() - float(sel.score5)) <= 1e-12
+                closer, _, _ = S.knn_averages(torch.from_numpy(sel.candidates.values)[None], n.X[e:e + 1, : int(n.m[e])],
+                                              n.mask[e:e + 1, : int(n.m[e])],
+                                              torch.from_numpy(np.argsort(sel.dist.values, kind="stable")[:10])[None])
+                assert float(closer.double().mean()) == float(sel.avg_frac)  # P004-17, shift 0
 
 
 @pytest.mark.slow

@@ -56,6 +56,9 @@ V = {
     "n_recovered": Var("1", "distinct training points with a candidate within rho", "int64"),
     "ssim10": Var("1", "mean SSIM of the 10 candidates closest to the training set (images; NaN otherwise)"),
     "ssim_max": Var("1", "largest SSIM of any candidate with its nearest training image (images; NaN otherwise)"),
+    "avg_frac": Var("1", "P004-17: fraction of the 10 best candidates closer (unit-normalised, shift off) to the mean "
+                    "of their K = 2..10 nearest training points than to the nearest one"),
+    "avg_ratio": Var("1", "P004-17: median over the 10 best of min_K d(mean of K nearest) / d(nearest), unit-normalised"),
     "wall_s": Var("s", "bundle attack wall time divided by the bundle's cells", finite=True),
     "objective_trace": Var("1", f"objective at {cell_fn.N_TRACE} evenly spaced steps (first: init)", dims=("trace",)),
     "dist": Var("l2 norm", "distance of each candidate to its nearest training point", dims=_cand),

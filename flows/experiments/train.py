@@ -12,16 +12,20 @@ sizes; ``batch_rng_state`` is the minibatch generator after training.
 
 from __future__ import annotations
 
+import math
+import time
 
 import numpy as np
 import torch
 
 from core.errors import ConfigError
+from flows import checkpoint as checkpoint_io
 from flows.experiments import Experiment, Param, Var, register
 from flows.experiments import nonrobust
+from tasks import nets, train
 from tasks import data as synthetic
 from tasks.cells import train as cell_fn
-from tasks.cells.nonrobust import n_samples
+from tasks.cells.nonrobust import build, n_samples, schedule
 
 CIFAR = "cifar_vehicles"  # paper 004 F004-2: CIFAR-10 vehicles (+1) vs animals (-1), storage/datasets.py
 
@@ -33,6 +37,9 @@ P["data"] = Param(str, "sphere", nonrobust.P["data"].doc + f"; {CIFAR}: CIFAR-10
                   choices=(*synthetic.DISTRIBUTIONS, CIFAR))
 P["store_nets"] = Param(bool, True, "store each trained net and its training set (false: numbers only, "
                         "e.g. for very wide nets; no later stage can read them)")
+P["log_points"] = Param(int, 0, "log the training trajectory (loss, margin, ||theta||, eps*/||theta|| by NNLS, "
+                        "#margin points, Euler ratio) at this many geometric steps 1..max_iters (paper 004 P004-10/11; "
+                        "full batch only; 0: off, nothing more stored)", min=0, max=1000)
 RNG_BYTES = int(torch.Generator().get_state().numel())
 
 V = {
@@ -56,6 +63,16 @@ V = {
     "data_index": Var("1", "index of each training point in the CIFAR-10 training split (data: cifar_vehicles; "
                       "-1 for synthetic data)", "int64", dims=("sample",)),
     "data_checksum": Var("1", "first 60 bits of the sha256 of the CIFAR-10 file read (0 for synthetic data)", "int64"),
+    **{f"traj_{k}": Var(*spec, dims=("log_step",)) for k, spec in {
+        "iter": ("1", "training step of each logged point (geometric; NaN past the end of training)"),
+        "log10_loss": ("log10", "full-data mean loss at that step, log10"),
+        "margin": ("1", "margin p = min_i y_i Phi(x_i) (raw parameters)"),
+        "theta_norm": ("l2 norm", "||theta||"),
+        "eps_rel": ("1", "eps*/||theta||, eps* = min_{lambda>=0} ||theta - sum lambda_i y_i grad Phi(x_i)|| (NNLS, "
+                    "paper 004 §2.3; P004-11: falls)"),
+        "n_margin": ("1", "margin points: #{lambda_i > 1e-6 max lambda} of the NNLS multipliers"),
+        "euler": ("1", "h p sum(lambda) / ||theta||^2 with the NNLS lambda, h = 2 (1 at a KKT point, P004-11)"),
+    }.items()},
     "batch_rng_state": Var("byte", "state of the net's minibatch-order generator after training (torch CPU "
                            "Generator.get_state); random_direction continues this stream", "uint8",
                            dims=("rng_byte",)),
@@ -65,12 +82,16 @@ V = {
 def extra_dims(cells: list[dict]) -> dict[str, int]:
     stored = [c for c in cells if c.get("store_nets", True)]
     return {"hidden": max([c["width"] for c in stored] or [1]), "feature": max([c["d"] for c in stored] or [1]),
-            "sample": max([n_samples(c) for c in stored] or [1]), "rng_byte": RNG_BYTES}
+            "sample": max([n_samples(c) for c in stored] or [1]), "rng_byte": RNG_BYTES,
+            "log_step": max(len(cell_fn.log_marks(c["max_iters"], c["log_points"])) for c in cells)}
 
 
 def check(cell: dict) -> None:
     """nonrobust's checks; for CIFAR also d = 3072, an even m, and the data file present."""
     nonrobust.check(cell)
+    if cell["log_points"] and n_samples(cell) > cell["batch_size"]:
+        raise ConfigError("log_points", f"the logged trajectory needs full-batch training (m = {n_samples(cell)} > "
+                          f"batch_size = {cell['batch_size']})")
     if cell["data"] != CIFAR:
         return
     from storage import datasets
@@ -108,8 +129,11 @@ def run_bundle(cells: list[dict], device: str = "auto", checkpoint: str | None =
     """Train the bundle exactly as ``nonrobust`` does (resuming from ``checkpoint``), then keep the
     nets: float64 on the CPU, at their true sizes."""
     sets, prov = load_datasets(cells)
-    out = nonrobust.train_then(lambda net, X, y, mask, cells, gens: cell_fn.pack(net, X, y, cells, gens),
-                               cells, device, checkpoint, datasets=sets)
+    if cells[0]["log_points"]:  # one bundle, one log_points (bundle_key)
+        out = train_logged(cells, device, checkpoint, sets)
+    else:
+        out = nonrobust.train_then(lambda net, X, y, mask, cells, gens: cell_fn.pack(net, X, y, cells, gens),
+                                   cells, device, checkpoint, datasets=sets)
     out = [dict(res, **p) for res, p in zip(out, prov)]
     for res, c in zip(out, cells):  # file data: indices and a checksum, never a copy of the data set
         if c["data"] == CIFAR:
@@ -126,6 +150,58 @@ def rebuild(cell: dict, read) -> dict:
     if cell.get("data") != CIFAR or not len(rows) or rows[0] < 0:
         return {}
     return {"X": datasets.cifar_rows(rows, int(read("data_checksum"))).numpy()}
+
+
+def train_logged(cells: list[dict], device: str, checkpoint: str | None, sets: list,
+                 checkpoint_every_s: float = 60.0) -> list[dict]:
+    """Train as ``nonrobust.train_bundle`` does (full batch: the same GD steps, so the same nets), stopping
+    at the geometric marks of ``cell_fn.log_marks`` to log the trajectory (``cell_fn.trajectory_point``);
+    the rows so far are saved with the checkpoint, so a killed bundle resumes with them."""
+    dev = nonrobust.resolve_device(device)
+    dtype = getattr(torch, cells[0]["dtype"])
+    if dev.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    t0 = time.perf_counter()
+    net, X, y, mask, gens = build(cells, sets)
+    sched = schedule(cells[0])
+    marks = cell_fn.log_marks(sched.max_iters, cells[0]["log_points"])
+    saved: dict = {}
+    check = lambda st: train.check_state(st, net, sched)  # noqa: E731
+    state = checkpoint_io.load(checkpoint, dev, dtype, gens, check, extra=saved) if checkpoint else None
+    rows = {k: saved.get(k, torch.full((len(cells), len(marks)), math.nan, dtype=torch.float64))
+            for k in cell_fn.TRAJECTORY}
+    if state is not None and any(tuple(r.shape) != (len(cells), len(marks)) for r in rows.values()):
+        state, rows = None, {k: torch.full((len(cells), len(marks)), math.nan, dtype=torch.float64)
+                             for k in cell_fn.TRAJECTORY}  # a checkpoint without its trajectory: start again
+    net_dev = nets.TwoLayer(*(t.to(dev, dtype) for t in (net.W, net.b, net.v)))
+    Xd, yd, maskd = X.to(dev, dtype), y.to(dev, dtype), mask.to(dev)
+    done = 0 if state is None else int(state.iters.max())
+    last_save = time.monotonic()
+    for i, t in enumerate(marks):
+        if t <= done:
+            continue
+        was_running = torch.ones(len(cells), dtype=torch.bool) if state is None else state.running.cpu()
+        if bool(was_running.any()):
+            state = train.train(net_dev, Xd, yd, sched, mask=maskd, state=state, max_steps=t - done)
+        done = t
+        row = cell_fn.trajectory_point(state.net, Xd, yd, maskd, sched.loss, state.iters)
+        for k, val in row.items():  # a net that stopped before the previous mark logs nothing more
+            rows[k][:, i] = torch.where(was_running, val.cpu(), rows[k][:, i])
+        if checkpoint and time.monotonic() - last_save >= checkpoint_every_s:
+            checkpoint_io.save(checkpoint, state, gens, extra=rows)
+            last_save = time.monotonic()
+    state.status = torch.where(state.running & (state.iters >= sched.max_iters),
+                               torch.tensor(train.MAX_ITERS, dtype=state.status.dtype, device=state.status.device),
+                               state.status)
+    wall = time.perf_counter() - t0
+    cpu = nets.TwoLayer(*(t.detach().to("cpu", torch.float64) for t in (state.net.W, state.net.b, state.net.v)))
+    out = cell_fn.pack(cpu, X, y, cells, gens)
+    for e, res in enumerate(out):
+        res.update(iters=int(state.iters[e]), status=int(state.status[e]),
+                   log10_loss=float(state.log_loss[e]) / math.log(10), wall_s=wall / len(cells),
+                   **{f"traj_{k}": rows[k][e].numpy() for k in cell_fn.TRAJECTORY})
+    return out
 
 
 EXPERIMENT = register(Experiment(

@@ -64,6 +64,9 @@ def run(W, b, v, X, y, mask, d, m, width, cells: list[dict], device: str = "cpu"
     res_exact = objective.residual_norm2(R).sqrt() / theta2.sqrt()
     sc = score.score_all(res.x, res.lam, Xs, mask, fmask, lam_min, c0["rho"])
     sc0 = score.score_all(x0, lam0, Xs, mask, fmask, lam_min, c0["rho"])
+    best10 = sc.dist.argsort(1)[:, : min(10, l)]  # P004-17: the 10 best, judged with the shift taken off
+    closer, ratio, _ = score.knn_averages(res.x - u[:, None, :], X * mask[..., None].to(X.dtype), mask, best10)
+    closer, ratio = closer.cpu(), ratio.cpu()
     res, sc = _cpu(res), _cpu(sc)
     Xs_cpu, u_cpu = Xs.cpu(), u.cpu()
     out = []
@@ -83,6 +86,7 @@ def run(W, b, v, X, y, mask, d, m, width, cells: list[dict], device: str = "cpu"
             "lam": res.lam[e].numpy(), "cand_norm": res.x[e, :, :de].norm(dim=1).numpy(),
             "candidates": res.x[e, :, :de].numpy(), "ssim": sim.numpy(),
             "ssim10": float(sim[sc.dist[e].argsort()[:10]].mean()), "ssim_max": float(sim.max()),
+            "avg_frac": float(closer[e].double().mean()), "avg_ratio": float(ratio[e].median()),
         })
     return out
 

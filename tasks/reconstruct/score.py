@@ -77,3 +77,27 @@ def ssim(a: torch.Tensor, b: torch.Tensor, data_range: float) -> torch.Tensor:
     from torchmetrics.functional.image import structural_similarity_index_measure
 
     return structural_similarity_index_measure(a, b, data_range=data_range, reduction="none")
+
+
+def knn_averages(Xc: torch.Tensor, X: torch.Tensor, mask: torch.Tensor, best: torch.Tensor, k_max: int = 10):
+    """P004-17 ("reconstructions look like averages", F004-2): for each judged candidate x' (``best``
+    (B,t) indices into Xc (B,l,d)), after normalising scale (every vector divided by its norm: the
+    spec's "after normalising scale", resolved as unit vectors, i.e. a cosine distance), the distance
+    d1 to its nearest training point and dK to the mean of its K nearest (K = 2..k_max, nearest in the
+    same normalised distance) training points (X (B,n,d), ``mask`` (B,n) the real ones; call it with
+    the shift taken off both). Returns (closer (B,t) bool: min_K dK < d1, ratio (B,t): min_K dK / d1,
+    k_best (B,t) int64: the K attaining the min)."""
+    unit = lambda A: A / A.norm(dim=-1, keepdim=True).clamp_min(1e-300)  # noqa: E731
+    B = Xc.shape[0]
+    k = int(min(k_max, int(mask.sum(1).min())))
+    if k < 2:
+        raise ValueError(f"P004-17 needs at least 2 training points per set, got {int(mask.sum(1).min())}")
+    C = unit(torch.gather(Xc, 1, best.unsqueeze(-1).expand(-1, -1, Xc.shape[2])))  # (B,t,d)
+    D = torch.cdist(C, unit(X), compute_mode="donot_use_mm_for_euclid_dist").masked_fill(~mask.unsqueeze(1), math.inf)
+    idx = D.topk(k, dim=2, largest=False).indices  # (B,t,k) nearest first
+    rows = X[torch.arange(B, device=X.device).view(-1, 1, 1), idx]  # (B,t,k,d)
+    means = rows.cumsum(2) / torch.arange(1, k + 1, dtype=X.dtype, device=X.device).view(1, 1, -1, 1)
+    dK = (unit(means) - C.unsqueeze(2)).norm(dim=-1)  # (B,t,k): K = 1..k
+    d1 = dK[..., 0]
+    best_avg, arg = dK[..., 1:].min(-1)
+    return best_avg < d1, best_avg / d1.clamp_min(1e-300), arg + 2
