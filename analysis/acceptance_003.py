@@ -14,6 +14,13 @@ from analysis.lazy import _fixed, _mean, free_slope, slices, threshold
 from storage.query import usable
 
 
+# E1's ||δ*||/||x|| and η slopes need |f| at the exit flat in d (Thm 3.1: |f| = O(1)). Measured on
+# MNIST 0/1 (m = 256, lr 0.5, C0 = 10, unit rows; README "Paper 003 at CI size"): the trained |f| grows
+# with d up to d ~ 100 (resampled low-resolution images share their activation patterns) and is flat
+# above; sklearn digits stop at d = 64. So the two rows are judged only with >= 2 grid values d >= MIN_D.
+MIN_D = 100
+
+
 def _tag(base: dict) -> str:
     return f" ({', '.join(map(str, base.values()))})" if base else ""
 
@@ -32,9 +39,16 @@ def _slope_rows(ds: xr.Dataset, base: dict) -> list[Row]:
                                    ("med_delta_rel", -0.5, 0.1, "||δ*||/||x|| slope in d"),
                                    (eta, -1.0, 0.15, ("η/||x||" if variant == "raw" else "η") + " slope in d")):
         da = _mean(sub, var, ("d",))
-        s = free_slope(da["d"].values.astype(float), da.values)
-        rows.append(Row(name + tag, "E1", f"{s:+.3f} over d = {list(map(int, da['d'].values))}",
-                        f"{target:+.2f} ± {tol}", None if math.isnan(s) else abs(s - target) <= tol, value=s))
+        d = da["d"].values.astype(float)
+        s = free_slope(d, da.values)
+        measured = f"{s:+.3f} over d = {list(map(int, d))}"
+        if var != "med_gnorm" and int((d >= MIN_D).sum()) < 2:  # outside the regime of the claim: not judged
+            rows.append(Row(name + tag, "E1", measured, f"{target:+.2f} ± {tol}", None,
+                            f"skipped: needs d >= {MIN_D} (two or more such d); below it the trained |f| grows with d",
+                            value=s))
+            continue
+        rows.append(Row(name + tag, "E1", measured, f"{target:+.2f} ± {tol}",
+                        None if math.isnan(s) else abs(s - target) <= tol, value=s))
     da = _mean(sub, "med_gnorm", ("d",))
     r = float(np.nanmedian(da.values / np.sqrt(da["d"].values / 2)))
     rows.append(Row("||∇f|| / √(d/2)" + tag, "E1", f"{r:.3f}", "in [0.9, 1.3]", None if math.isnan(r) else

@@ -64,3 +64,35 @@ def test_X3_row_from_the_store_single_step_within_1p2_of_best(ran):
     assert np.quantile(ratios, 0.9) < 1.2  # the single step is nearly optimal inside the ball
     assert float(np.min(ratios)) >= 1.0
     assert float(pgd.rta.min()) < float(pgd.clean_acc.min())  # PGD at R = 0.3 does flip points: a real comparison
+
+
+def _planted_flips(d: list[int], c: float = 2.5) -> "xr.Dataset":
+    """A single_step scalar group with the theorem's exponents planted exactly (||δ*||/||x|| = c/√d)."""
+    import xarray as xr
+
+    d = np.array(d, dtype=float)
+    coords = {"d": d.astype(int), "C0": [10.0], "seed": [0, 1]}
+    shape = (len(d), 1, 2)
+    bcast = lambda y: np.broadcast_to(y[:, None, None], shape).copy()  # noqa: E731
+    return xr.Dataset({"med_delta_rel": (tuple(coords), bcast(c / np.sqrt(d))),
+                       "med_gnorm": (tuple(coords), bcast(1.1 * np.sqrt(d / 2))),
+                       "med_eta_star": (tuple(coords), bcast(3.0 / d)),
+                       "test_acc": (tuple(coords), np.ones(shape)), "done": (tuple(coords), np.ones(shape, bool))},
+                      coords=coords)
+
+
+@pytest.mark.parametrize("grid,judged", [([36, 64], False), ([16, 25, 36, 49, 64], False), ([64, 100], False),
+                                         ([100, 196, 400, 784], True), ([25, 49, 100, 196, 400, 625, 784], True)],
+                         ids=["E1-CI-digits", "E1-digits-all", "E1-one-d-in-regime", "E1-mnist-large-d", "E1-full-grid"])
+def test_E1_slope_rows_skip_outside_the_regime_with_the_reason(grid, judged):
+    from analysis import acceptance_003
+
+    rows = {r.criterion: r for r in acceptance_003.acceptance(_planted_flips(grid))}
+    delta, eta, gnorm = rows["||δ*||/||x|| slope in d"], rows["η slope in d"], rows["||∇f|| slope in d"]
+    assert abs(delta.value + 0.5) < 1e-9 and abs(eta.value + 1.0) < 1e-9  # measured is always shown
+    assert abs(gnorm.value - 0.5) < 1e-9 and gnorm.passed  # the gradient-norm row is always judged
+    if judged:
+        assert delta.passed and eta.passed
+    else:
+        assert delta.passed is None and eta.passed is None
+        assert "needs d >= 100" in delta.note and "needs d >= 100" in eta.note
