@@ -87,8 +87,8 @@ def store_acceptance(store) -> list[Row]:
     kind = {g: ds.attrs.get("kktlab_experiment") for g, ds in opened.items()}
     rows = []
     for g, ds in opened.items():
-        if kind[g] != "single_step" or "delta_deepfool" not in ds:
-            continue
+        if kind[g] != "single_step" or "delta_deepfool" not in ds or not bool(np.isfinite(ds["delta_deepfool"]).any()):
+            continue  # X3 needs DeepFool (deepfool: true); other single_step groups have nothing to compare
         src = _source(ds)
         pgds = [opened[p].load() for p in names if kind[p] == "pgd" and _source(opened[p]) == src]
         rows += [dataclasses.replace(r, criterion=f"{r.criterion} [{g}]") for r in x3_rows(ds.load(), pgds)]

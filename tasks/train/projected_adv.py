@@ -35,14 +35,15 @@ class AdvRun:
 def projected_adv_train(W0: torch.Tensor, v: torch.Tensor, b: torch.Tensor, X: torch.Tensor, y: torch.Tensor,
                         V: torch.Tensor, R: torch.Tensor, generators: list[torch.Generator], *, T1_max: int = 50,
                         T2: int = 100, beta: float = 0.01, batch_size: int = 64, reduction: str = "sum",
-                        projection: str = "step", patience: int = 1, chunk: int = 4096) -> AdvRun:
+                        projection: str = "step", patience: int = 1, chunk: int = 4096, pgd_step: str = "normalised") -> AdvRun:
     """W0 (E,m,d), v (E,m) = a/√m, b (E,m) fixed (zeros: §5.2 has no bias), X (n,d), y (n); V, R (E,).
 
     Round t: PGD-``T2`` (step ``2.5R/T2``) on all training points against ``W_{t-1}``, its robust
     accuracy recorded; a model stops after ``patience`` rounds without an increase (spec 003 §6 #18);
     otherwise one epoch of floor(n/B) minibatches of a fresh shuffle of (X_adv, y), step ``beta`` on
     the ``sum`` (Alg. 1 line 9 as printed) or ``mean`` loss, projection after each step
-    (``step``, §5.2 text) or once per epoch (``epoch``, line 11)."""
+    (``step``, §5.2 text) or once per epoch (``epoch``, line 11); ``pgd_step`` normalised (spec §6 #15)
+    or raw (line 4 as printed, X5)."""
     if projection not in ("step", "epoch"):
         raise ValueError(f"projection {projection!r}: allowed step, epoch")
     if reduction not in ("mean", "sum"):
@@ -64,7 +65,7 @@ def projected_adv_train(W0: torch.Tensor, v: torch.Tensor, b: torch.Tensor, X: t
     scale = 1.0 / B if reduction == "mean" else 1.0
     for t in range(T1_max):
         net = TwoLayer(W0 + U, b, v)
-        adv = pgd_l2(net, X, y, R, steps=T2, chunk=chunk)
+        adv = pgd_l2(net, X, y, R, steps=T2, chunk=chunk, step=pgd_step)
         rta = adv.robust.to(W0.dtype).mean(1)  # robust train accuracy of W_{t-1}
         hist[:, t] = torch.where(stop, torch.full_like(rta, float("nan")), rta).cpu()
         better = (rta > best) & ~stop
