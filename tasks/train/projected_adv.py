@@ -17,6 +17,7 @@ import torch
 from tasks.attacks.pgd import pgd_l2
 from tasks.nets.lazy import logistic_dloss, project_ball
 from tasks.nets.two_layer import TwoLayer
+from tasks.train.minibatch import batch_plan, epoch_order
 
 
 @dataclasses.dataclass
@@ -46,12 +47,9 @@ def projected_adv_train(W0: torch.Tensor, v: torch.Tensor, b: torch.Tensor, X: t
     or raw (line 4 as printed, X5)."""
     if projection not in ("step", "epoch"):
         raise ValueError(f"projection {projection!r}: allowed step, epoch")
-    if reduction not in ("mean", "sum"):
-        raise ValueError(f"reduction {reduction!r}: allowed mean, sum")
     E, _, d = W0.shape
     n, B = X.shape[0], batch_size
-    if B > n:
-        raise ValueError(f"batch_size {B} is larger than the {n} training points")
+    per_epoch, scale = batch_plan(n, B, reduction)
     V, R = V.to(W0), R.to(W0)
     U = torch.zeros_like(W0)
     bestU = U.clone()
@@ -62,7 +60,6 @@ def projected_adv_train(W0: torch.Tensor, v: torch.Tensor, b: torch.Tensor, X: t
     stop = torch.zeros(E, dtype=torch.bool, device=W0.device)
     bad = torch.zeros(E, dtype=torch.long, device=W0.device)
     prev = None
-    scale = 1.0 / B if reduction == "mean" else 1.0
     for t in range(T1_max):
         net = TwoLayer(W0 + U, b, v)
         adv = pgd_l2(net, X, y, R, steps=T2, chunk=chunk, step=pgd_step)
@@ -79,8 +76,8 @@ def projected_adv_train(W0: torch.Tensor, v: torch.Tensor, b: torch.Tensor, X: t
         if bool(stop.all()):
             break
         epochs += (~stop).long().cpu()
-        perm = torch.stack([torch.randperm(n, generator=g) for g in generators]).to(X.device)
-        for pos in range(n // B):
+        perm = epoch_order(generators, n, X.device)
+        for pos in range(per_epoch):
             idx = perm[:, pos * B:(pos + 1) * B]
             xb = torch.gather(adv.x_adv, 1, idx.unsqueeze(-1).expand(-1, -1, d))  # (E,B,d)
             yb = y[idx]
