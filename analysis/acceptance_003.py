@@ -15,9 +15,10 @@ from storage.query import usable
 
 
 # E1's ||δ*||/||x|| and η slopes need |f| at the exit flat in d (Thm 3.1: |f| = O(1)). Measured on
-# MNIST 0/1 (m = 256, lr 0.5, C0 = 10, unit rows; README "Paper 003 at CI size"): the trained |f| grows
-# with d up to d ~ 100 (resampled low-resolution images share their activation patterns) and is flat
-# above; sklearn digits stop at d = 64. So the two rows are judged only with >= 2 grid values d >= MIN_D.
+# MNIST 0/1 (m = 256 and 1024, lr 0.5, C0 = 5 and 10, unit rows, README "E1 at CI size"): the
+# ||δ*||/||x|| slope is -0.49..-0.51 over d = 100..784 but -0.03..-0.27 over d = 25..64 (flat), and
+# sklearn digits stop at d = 64. So the two rows are judged only with >= 2 grid values d >= MIN_D
+# (the fit stays over the whole grid, as spec §5.1 says; the d >= MIN_D fit is shown beside it).
 MIN_D = 100
 
 
@@ -42,9 +43,11 @@ def _slope_rows(ds: xr.Dataset, base: dict) -> list[Row]:
         d = da["d"].values.astype(float)
         s = free_slope(d, da.values)
         measured = f"{s:+.3f} over d = {list(map(int, d))}"
+        if var != "med_gnorm" and 2 <= int((d >= MIN_D).sum()) < len(d):  # the in-regime fit beside it
+            measured += f" (d >= {MIN_D}: {free_slope(d[d >= MIN_D], da.values[d >= MIN_D]):+.3f})"
         if var != "med_gnorm" and int((d >= MIN_D).sum()) < 2:  # outside the regime of the claim: not judged
             rows.append(Row(name + tag, "E1", measured, f"{target:+.2f} ± {tol}", None,
-                            f"skipped: needs d >= {MIN_D} (two or more such d); below it the trained |f| grows with d",
+                            f"skipped: needs d >= {MIN_D} (two or more such d); below it ||δ*||/||x|| is flat in d on MNIST (README, E1 at CI size)",
                             value=s))
             continue
         rows.append(Row(name + tag, "E1", measured, f"{target:+.2f} ± {tol}",
