@@ -47,7 +47,8 @@ def _slope_rows(ds: xr.Dataset, base: dict) -> list[Row]:
             measured += f" (d >= {MIN_D}: {free_slope(d[d >= MIN_D], da.values[d >= MIN_D]):+.3f})"
         if var != "med_gnorm" and int((d >= MIN_D).sum()) < 2:  # outside the regime of the claim: not judged
             rows.append(Row(name + tag, "E1", measured, f"{target:+.2f} ± {tol}", None,
-                            f"skipped: needs d >= {MIN_D} (two or more such d); below it ||δ*||/||x|| is flat in d on MNIST (README, E1 at CI size)",
+                            f"skipped: needs d >= {MIN_D} (two or more such d); below it ||δ*||/||x|| is flat "
+                            "in d on MNIST (README, E1 at CI size)",
                             value=s))
             continue
         rows.append(Row(name + tag, "E1", measured, f"{target:+.2f} ± {tol}",

@@ -4,8 +4,8 @@ with normalised l2 steps (Madry / torchattacks ``PGDL2`` convention), projection
 
 The ascent direction is ``-y ∇_x f(x')`` exactly (``∇_x ℓ = ℓ'(yf) y ∇_x f`` with ``ℓ' < 0``), so a
 saturated logistic loss never zeroes the step. ``step="raw"`` is Alg. 1 line 4 as printed (spec 003
-§6 #15, X5): ``x' <- x' + α ∇_x ℓ(y f(x'))``, unnormalised, which stalls where the loss saturates. No random start and no clamping to [0,1] unless
-asked (spec 003 §6 #20: unit-norm inputs are not images).
+§6 #15, X5): ``x' <- x' + α ∇_x ℓ(y f(x'))``, unnormalised, which stalls where the loss saturates.
+No random start and no clamping to [0,1] unless asked (spec 003 §6 #20: unit-norm inputs are not images).
 """
 
 from __future__ import annotations
