@@ -2,7 +2,7 @@
 X3 (single step vs DeepFool vs PGD on the same lazy nets, the acceptance row computed from the
 store), X2 (inside the width window m >= d^2.4: the B.4 / B.7 / B.9 diagnostics), X4 (no exit rule:
 C0_reached(t), C0_cone(t) along the trajectory), X5 (raw-gradient PGD looks spuriously robust;
-nearest resampling). One CLI run holds every stage. Each test asserts values the store holds."""
+nearest resampling), X7 (unlearning and reconstruction read lazy nets). One CLI run holds every stage. Each test asserts values the store holds."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ RUNNER = {"workers": 2, "bundle_size": 8}
 
 def chain() -> dict:
     return {"name": "x003", "runner": dict(RUNNER), "stages": [
-        {"name": "lazy", "experiment": "lazy_train", "grid": {"d": [36, 64], "C0": [3.0, 6.0], "seed": [0]},
+        {"name": "lazy", "experiment": "lazy_train", "grid": {"d": [64], "C0": [3.0, 6.0], "seed": [0]},
          "params": dict(LAZY)},
         {"name": "flips", "experiment": "single_step", "from": "lazy", "grid": {"deepfool": [True]}},
         {"name": "pgd", "experiment": "pgd", "from": "lazy", "grid": {"T2": [10, 40], "restarts": [1, 3]},
@@ -36,6 +36,12 @@ def chain() -> dict:
          "params": dict(LAZY, d=49, C0=20.0, variant="raw")},
         {"name": "pgd_x5", "experiment": "pgd", "from": "lazy_x5", "grid": {"pgd_step": ["normalised", "raw"]},
          "params": {"budget": "given", "R": 1.0, "T2": 20}},
+        # X7: paper 001's gradient-ascent unlearning and paper 004's KKT reconstruction on a lazy net
+        {"name": "lazy_x7", "experiment": "lazy_train", "grid": {"seed": [0]},
+         "params": {**LAZY, "d": 16, "n_train": 40, "batch_size": 20, "C0": 10.0}},
+        {"name": "unlearn_x7", "experiment": "unlearn", "from": "lazy_x7", "grid": {"method": ["ga"]}},
+        {"name": "recon_x7", "experiment": "reconstruct", "from": "lazy_x7", "grid": {"restart": [0]},
+         "params": {"n_candidates": 80, "steps": 300}},
     ]}
 
 
@@ -56,7 +62,7 @@ def test_X3_row_from_the_store_single_step_within_1p2_of_best(ran):
     from storage.query import open_results
 
     stats = json.loads((ran / "stats.json").read_text())
-    assert [s["written"] for s in stats] == [4, 4, 16, 1, 1, 6, 6, 2, 4] and all(s["failed"] == 0 for s in stats)
+    assert [s["written"] for s in stats] == [2, 2, 8, 1, 1, 6, 6, 2, 4, 1, 1, 1] and all(s["failed"] == 0 for s in stats)
     rows = x3.store_acceptance(ran / "s.zarr")
     assert len(rows) == 1 and rows[0].spec_id == "X3"
     row = rows[0]
@@ -64,7 +70,7 @@ def test_X3_row_from_the_store_single_step_within_1p2_of_best(ran):
     flips = open_results(ran / "s.zarr", "flips").load().sel(deepfool=True)
     pgd = open_results(ran / "s.zarr", "pgd").load()
     ratios = []
-    for d in (36, 64):
+    for d in (64,):
         for c0 in (3.0, 6.0):
             f = flips.sel(d=d, C0=c0, seed=0)
             single = (f.delta_rel * f.x_norm).values
@@ -74,7 +80,7 @@ def test_X3_row_from_the_store_single_step_within_1p2_of_best(ran):
             best = np.where(flipped, np.minimum(best, 0.3), best)
             keep = (f.correct.values == 1) & np.isfinite(single)
             ratios += list(single[keep] / best[keep])
-    assert len(ratios) > 150  # 4 nets x 64 points, the C0 = 3 nets at ~75% accuracy
+    assert len(ratios) > 80  # 2 nets x 64 points, the C0 = 3 net less accurate
     np.testing.assert_allclose(row.value, np.median(ratios), rtol=1e-12)
     assert 1.0 <= row.value <= 1.2 and row.passed
     assert np.quantile(ratios, 0.9) < 1.2  # the single step is nearly optimal inside the ball
@@ -158,6 +164,18 @@ def test_X5_raw_gradient_pgd_is_spuriously_robust_and_nearest_resampling_differs
     assert np.abs(Xb - Xn).max() > 0.1 and (lazy.test_acc >= 0.9).all()
 
 
+@pytest.mark.slow
+def test_X7_lazy_nets_are_far_from_a_KKT_point_so_reconstruction_leaks_little(ran):
+    from storage.query import open_results
+
+    un = open_results(ran / "s.zarr", "unlearn_x7").load().squeeze()
+    rec = open_results(ran / "s.zarr", "recon_x7").load().squeeze()
+    assert float(un.eps1_rel) > 0.5 and int(un.preconditions_met) == 0  # the trained lazy net: no KKT point
+    assert 0.5 <= float(un.train_acc_after) <= 1.0 and float(un.train_acc_before) == 1.0
+    assert float(rec.train_eps) > 0.5  # the true training set is no KKT certificate of the lazy net
+    assert int(rec.n_recovered) == 0 and float(rec.score5) > 0.8 * float(rec.score5_init)  # ~ random candidates
+
+
 def test_X4_no_exit_at_the_exit_step_equals_the_snapshot_bit_for_bit():
     import torch
 
@@ -172,8 +190,8 @@ def test_X4_no_exit_at_the_exit_step_equals_the_snapshot_bit_for_bit():
     assert (snap["W"] == free["W"]).all() and free["C0_reached"] == snap["C0_reached"] <= 6.0
 
 
-@pytest.mark.parametrize("name", ["paper-003-x2", "paper-003-x4", "paper-003-x5"])
-def test_X2_X4_X5_configs_parse_and_fit(name):
+@pytest.mark.parametrize("name", ["paper-003-x2", "paper-003-x4", "paper-003-x5", "paper-003-x7"])
+def test_X2_X4_X5_X7_configs_parse_and_fit(name):
     import pathlib
 
     from flows import config, stages
@@ -182,4 +200,4 @@ def test_X2_X4_X5_configs_parse_and_fit(name):
     chain = stages.parse_chain(raw, text)
     for stage in chain.stages:
         config.check_fits(stage)
-    assert chain.n_cells >= 100
+    assert chain.n_cells >= 20
