@@ -23,7 +23,7 @@ ACCEPTANCE = {"nonrobust": "analysis.acceptance_002", "universal_attack": "analy
               "reconstruct": "analysis.acceptance_004"}
 # modules in analysis/ with ``store_acceptance(store) -> [Row]``: claims that compare several groups of one
 # store per test point (paper 003 X3: single step vs DeepFool vs PGD on the same nets)
-STORE_ACCEPTANCE = ("analysis.attack_strength_003",)
+STORE_ACCEPTANCE = ("analysis.acceptance_003",)
 # producing stages whose numbers are drawn with the stages that read them
 DRAWN_BY_READERS = ("train", "train_kkt", "lazy_train", "adv_train")
 

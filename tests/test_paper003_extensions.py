@@ -58,7 +58,7 @@ def ran(prefect_server, cli, tmp_path_factory):
 
 @pytest.mark.slow
 def test_X3_row_from_the_store_single_step_within_1p2_of_best(ran):
-    from analysis import attack_strength_003 as x3
+    from analysis import acceptance_003 as x3
     from storage.query import open_results
 
     stats = json.loads((ran / "stats.json").read_text())
@@ -86,6 +86,18 @@ def test_X3_row_from_the_store_single_step_within_1p2_of_best(ran):
     assert np.quantile(ratios, 0.9) < 1.2  # the single step is nearly optimal inside the ball
     assert float(np.min(ratios)) >= 1.0
     assert float(pgd.rta.min()) < float(pgd.clean_acc.min())  # PGD at R = 0.3 does flip points: a real comparison
+
+
+
+@pytest.mark.slow
+def test_X3_row_in_the_report_across_groups(ran, tmp_path):
+    from kktlab.report import report
+
+    report(ran / "s.zarr", tmp_path)
+    text = (tmp_path / "index.md").read_text()
+    part = text.split("## Across groups", 1)[1]
+    assert "| X3 | X3: single step within ~1.2x of the best attack found (V < V*) [flips] | median 1.000" in part
+    assert part.count("| X3 |") == 1  # only the single_step group with DeepFool is compared
 
 
 def _planted_flips(d: list[int], c: float = 2.5) -> "xr.Dataset":
@@ -201,3 +213,30 @@ def test_X2_X4_X5_X7_configs_parse_and_fit(name):
     for stage in chain.stages:
         config.check_fits(stage)
     assert chain.n_cells >= 20
+
+
+def test_X3_ratio_planted_best_attack_and_the_V_star_cut():
+    """Planted per-point norms: DeepFool beats the single step by 1.5x at one point, a PGD run flips
+    another at R = 0.1 < ||δ*|| = 0.2; the C0 = 30 net (above C0* = 25) and a misclassified point
+    are left out."""
+    import xarray as xr
+
+    from analysis import acceptance_003 as x3
+
+    C0, ts = [10.0, 30.0], [0, 1, 2, 3]
+    one = lambda v: np.array([v, v])  # noqa: E731 - the same per-point values for both nets
+    flips = xr.Dataset({
+        "delta_rel": (("C0", "test_sample"), one([0.2, 0.3, 0.2, 0.2])),
+        "x_norm": (("C0", "test_sample"), np.ones((2, 4))),
+        "delta_deepfool": (("C0", "test_sample"), one([0.5, 0.2, 0.5, 0.5])),
+        "correct": (("C0", "test_sample"), one([1.0, 1.0, 1.0, 0.0])),
+        "done": (("C0",), [True, True])}, coords={"C0": C0, "test_sample": ts})
+    pgd = xr.Dataset({
+        "robust": (("C0", "T2", "test_sample"), np.stack([[[1.0, 1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 0.0]]] * 2)),
+        "R_used": (("C0", "T2"), np.full((2, 2), 0.1)), "done": (("C0", "T2"), np.ones((2, 2), bool))},
+        coords={"C0": C0, "T2": [10, 100], "test_sample": ts})
+    r = x3.ratios(flips, [pgd])
+    np.testing.assert_allclose(r.sel(C0=10.0).values[:3], [1.0, 1.5, 2.0], rtol=1e-12)
+    assert np.isnan(r.sel(C0=10.0).values[3]) and np.isnan(r.sel(C0=30.0).values).all()
+    row = x3.x3_rows(flips, [pgd])[0]
+    assert abs(row.value - 1.5) < 1e-12 and not row.passed and "3 points" in row.measured
