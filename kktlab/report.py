@@ -22,6 +22,9 @@ ACCEPTANCE = {"nonrobust": "analysis.acceptance_002", "universal_attack": "analy
               "forging": "analysis.acceptance_000", "unlearn": "analysis.acceptance_001",
               "single_step": "analysis.acceptance_003", "pgd": "analysis.acceptance_003",
               "reconstruct": "analysis.acceptance_004", "kkt_constructions": "analysis.kkt_constructions"}
+# modules in analysis/ with ``store_acceptance(store) -> [Row]``: claims that compare several groups of one
+# store per test point (paper 003 X3: single step vs DeepFool vs PGD on the same nets)
+STORE_ACCEPTANCE = ("analysis.acceptance_003",)
 # producing stages whose numbers are drawn with the stages that read them
 DRAWN_BY_READERS = ("train", "train_kkt", "lazy_train", "adv_train")
 
@@ -72,6 +75,11 @@ def report(store: str | pathlib.Path, out: str | pathlib.Path,
             lines.append(f"![{f.stem}]({f.name})")
         lines.append("")
         paths += figs
+    rows = [r for name in STORE_ACCEPTANCE for r in importlib.import_module(name).store_acceptance(store)]
+    if rows:
+        lines += ["## Across groups", "", "### Acceptance", "", acc.markdown(rows), ""]
+        echo("== across groups: acceptance")
+        echo(acc.text(rows))
     index = out / "index.md"
     index.write_text("\n".join(lines))
     return paths + [index]

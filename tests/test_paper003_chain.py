@@ -188,8 +188,8 @@ def test_data_and_init_rebuilt_from_indices_and_seed_are_what_training_used(ran,
     from kktlab import load_nets
     from storage.query import open_results
 
-    lazy = open_results(ran / "s.zarr", "lazy").load()
-    n = load_nets(ran / "s.zarr", "lazy", data=data, d=25)
+    lazy = open_results(ran / "chain.zarr", "lazy").load()
+    n = load_nets(ran / "chain.zarr", "lazy", data=data, d=25)
     X, y, Xt, yt, _ = lazy_train.load_data(n.cells[0])
     for e in range(len(n.cells)):
         np.testing.assert_array_equal(n.X[e].numpy(), X.numpy())
@@ -208,10 +208,10 @@ def test_indices_need_the_producer_and_a_changed_file_is_refused(ran):
     from core.errors import StoreError
 
     with pytest.raises(StoreError, match="kktlab.load_nets"):
-        load_nets(ran / "s.zarr", "lazy", data="digits")
+        load_nets(ran / "chain.zarr", "lazy", data="digits")
 
     def changed(cell, read):  # the data file's checksum no longer matches the stored one
         return lazy_train.rebuild(cell, lambda name: read(name) ^ 1 if name == "data_checksum" else read(name))
 
-    n = load_nets_at(ran / "s.zarr", "lazy", [(0, 0, 0, 0)], changed)
+    n = load_nets_at(ran / "chain.zarr", "lazy", [(0, 0, 0, 0)], changed)
     assert "cannot be rebuilt" in n.problems[0] and "not" in n.problems[0]

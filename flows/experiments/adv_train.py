@@ -26,6 +26,8 @@ P = {
     "reduction": Param(str, "sum", "loss reduction (Alg. 1 line 9: sum)", choices=("mean", "sum")),
     "projection": Param(str, "step", "project after every step (§5.2 text) or once per epoch (line 11)",
                         choices=("step", "epoch")),
+    "pgd_step": Param(str, "normalised", "training PGD step: normalised l2 (spec §6 #15) or raw gradient (Alg. 1 "
+                      "line 4 as printed; X5)", choices=("normalised", "raw")),
     "patience": Param(int, 1, "rounds without a robust-train-accuracy increase before stopping", min=1, max=10**4),
 }
 P["variant"] = Param(str, "unit", "unit-norm rows (§5.2) or raw pixels", choices=lazy.P["variant"].choices)
@@ -81,5 +83,5 @@ EXPERIMENT = register(Experiment(
     description="projected adversarial training in B_{2,inf}(W0, V) against PGD-l2 of budget R (Alg. 1; produces nets)",
     params=P, variables=V, run_bundle=run_bundle, bundle_key=bundle_key, cost=cost, check=lazy.check,
     memory=memory, memory_fields=("m", "d"), extra_dims=extra_dims, produces=("nets",), rebuild=lazy.rebuild,
-    summary=("rta_train", "clean_acc", "epochs", "C0_reached"), spec_ids=("E4", "E5", "X1"),
+    summary=("rta_train", "clean_acc", "epochs", "C0_reached"), spec_ids=("E4", "E5", "X1", "X5"),
 ))

@@ -49,6 +49,7 @@ P = {
     "batch_size": Param(int, 64, "minibatch (spec §6 #1)", min=1, max=10**6),
     "reduction": Param(str, "mean", "loss reduction over the minibatch (spec §6 #2)", choices=("mean", "sum")),
     "max_steps": Param(int, 200_000, "SGD step cap (spec §6 #1); exited = 0 when reached", min=1, max=10**9),
+    "exit_rule": Param(bool, True, "stop at the lazy-ball exit (§5.1); false: train max_steps steps whatever C0 (X4)"),
 }
 
 

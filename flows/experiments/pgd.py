@@ -28,6 +28,8 @@ P = {
     "random_start": Param(bool, False, "random start in the first run too (spec §6 #20: none)"),
     "clip": Param(str, "none", "box after each step: none (unit-norm rows are not images) or unit_box [0,1]",
                   choices=("none", "unit_box")),
+    "pgd_step": Param(str, "normalised", "normalised l2 step (spec §6 #15) or the raw gradient as Alg. 1 prints it (X5)",
+                      choices=("normalised", "raw")),
     "attack_seed": Param(int, 0, "seed of the random starts", min=0, max=2**31),
     "chunk": Param(int, 0, "test points per chunk; 0: as many as half the free memory allows (spec §7)", min=0,
                    max=10**6),
@@ -72,5 +74,5 @@ EXPERIMENT = register(Experiment(
     paper="003 Wang, Ullah, Mianjy, Arora: Adversarial robustness is at odds with lazy training",
     description="robust test accuracy under PGD-l2 (step 2.5R/T2, projection every step) on stored nets (reads 'nets')",
     params=P, variables=V, run_bundle=run_bundle, bundle_key=bundle_key, reads="nets",
-    summary=("rta", "rta_strict", "clean_acc", "R_used"), spec_ids=("E4", "E5", "X1", "X3"),
+    summary=("rta", "rta_strict", "clean_acc", "R_used"), spec_ids=("E4", "E5", "X1", "X3", "X5"),
 ))

@@ -3,8 +3,9 @@ with normalised l2 steps (Madry / torchattacks ``PGDL2`` convention), projection
 ``B_2(x, R)`` after every step, iterating on the running point (spec 003 §6 #14, #15).
 
 The ascent direction is ``-y ∇_x f(x')`` exactly (``∇_x ℓ = ℓ'(yf) y ∇_x f`` with ``ℓ' < 0``), so a
-saturated logistic loss never zeroes the step. No random start and no clamping to [0,1] unless
-asked (spec 003 §6 #20: unit-norm inputs are not images).
+saturated logistic loss never zeroes the step. ``step="raw"`` is Alg. 1 line 4 as printed (spec 003
+§6 #15, X5): ``x' <- x' + α ∇_x ℓ(y f(x'))``, unnormalised, which stalls where the loss saturates.
+No random start and no clamping to [0,1] unless asked (spec 003 §6 #20: unit-norm inputs are not images).
 """
 
 from __future__ import annotations
@@ -13,8 +14,11 @@ import dataclasses
 
 import torch
 
-from tasks.nets.lazy import input_grad, project_rows
+from tasks.nets.lazy import input_grad, logistic_dloss, project_rows
 from tasks.nets.two_layer import TwoLayer
+
+
+PGD_STEPS = ("normalised", "raw")
 
 
 @dataclasses.dataclass
@@ -42,11 +46,14 @@ def random_in_ball(shape: tuple[int, int, int], R: torch.Tensor, generators: lis
 def pgd_l2(net: TwoLayer, X: torch.Tensor, y: torch.Tensor, R: torch.Tensor, *, steps: int = 100,
            alpha: torch.Tensor | None = None, random_start: bool = False,
            generators: list[torch.Generator] | None = None, clip: tuple[float, float] | None = None,
-           chunk: int = 4096) -> PGDResult:
+           chunk: int = 4096, step: str = "normalised") -> PGDResult:
     """PGD-l2 against E stacked nets. X (E,n,d) or (n,d) (shared), y (E,n) or (n,) in {-1,+1},
     R (E,) budgets (>= 0), ``alpha`` (E,) step lengths (default ``2.5 R/steps``, spec 003 §2.8);
     ``clip`` an optional box (e.g. (0,1)) applied after each projection. Chunked over examples
-    (``chunk`` rows at a time) so the (E, chunk, m) pre-activation block bounds memory."""
+    (``chunk`` rows at a time) so the (E, chunk, m) pre-activation block bounds memory. ``step``:
+    ``normalised`` (default, ``α v/||v||``) or ``raw`` (``α ∇_x ℓ``, spec 003 X5)."""
+    if step not in PGD_STEPS:
+        raise ValueError(f"PGD step {step!r}: allowed {', '.join(PGD_STEPS)}")
     E = net.E
     if X.dim() == 2:
         X = X.unsqueeze(0).expand(E, -1, -1)
@@ -68,9 +75,12 @@ def pgd_l2(net: TwoLayer, X: torch.Tensor, y: torch.Tensor, R: torch.Tensor, *, 
         for _ in range(steps):
             f, g = input_grad(net, xa)
             ok &= yc * f > 0
-            v = -yc.unsqueeze(-1) * g
-            vn = v.norm(dim=-1, keepdim=True)
-            xa = xa + alpha[:, None, None] * v / vn.clamp_min(torch.finfo(X.dtype).tiny)
+            if step == "raw":  # ∇_x ℓ(y f) = ℓ'(y f) y ∇_x f
+                xa = xa + alpha[:, None, None] * (logistic_dloss(yc * f) * yc).unsqueeze(-1) * g
+            else:
+                v = -yc.unsqueeze(-1) * g
+                vn = v.norm(dim=-1, keepdim=True)
+                xa = xa + alpha[:, None, None] * v / vn.clamp_min(torch.finfo(X.dtype).tiny)
             xa = project_rows(xa, x0, R)
             if clip is not None:
                 xa = xa.clamp(*clip)

@@ -28,7 +28,8 @@ def run(cells: list[dict], X: torch.Tensor, y: torch.Tensor, Xt: torch.Tensor, y
     run_ = projected_adv_train(W0, v, b0, X.to(device, dtype), y.to(device, dtype), V, R, gens,
                                T1_max=c0["T1_max"], T2=c0["T2_train"] or c0["T2"], beta=c0["beta"],
                                batch_size=c0["batch_size"], reduction=c0["reduction"], projection=c0["projection"],
-                               patience=c0["patience"], chunk=chunk)
+                               patience=c0["patience"], chunk=chunk,
+                               pgd_step=c0.get("pgd_step", "normalised"))
     cpu = lambda t: t.detach().to("cpu", torch.float64)  # noqa: E731
     W0, v, b0, U = cpu(W0), cpu(v), cpu(b0), cpu(run_.U)
     net = TwoLayer(W0 + U, b0, v)

@@ -56,15 +56,16 @@ def run(cells: list[dict], X: torch.Tensor, y: torch.Tensor, Xt: torch.Tensor, y
     seeds = sorted({c["seed"] for c in cells})
     C0s = sorted({float(c["C0"]) for c in cells})
     bias = has_bias(c0)
+    exit_rule = c0.get("exit_rule", True)  # false (X4): no exit, every cell gets the iterate at max_steps
     W0, v, b0, gens = init_stack(seeds, d, m, bias, dtype, device)
-    run_ = lazy_sgd(W0, v, b0, X.to(device, dtype), y.to(device, dtype), C0s, gens, lr=c0["lr"],
+    run_ = lazy_sgd(W0, v, b0, X.to(device, dtype), y.to(device, dtype), C0s if exit_rule else [math.inf], gens, lr=c0["lr"],
                     batch_size=c0["batch_size"], max_steps=c0["max_steps"], train_bias=bias,
                     reduction=c0["reduction"])
     cpu = lambda t: t.detach().to("cpu", torch.float64)  # noqa: E731
     W0, v, U, B = cpu(W0), cpu(v), cpu(run_.U), cpu(run_.b)
     out = []
     for c in cells:
-        e, j = seeds.index(c["seed"]), C0s.index(float(c["C0"]))
+        e, j = seeds.index(c["seed"]), C0s.index(float(c["C0"])) if exit_rule else 0
         net = TwoLayer((W0[e] + U[e, j])[None], B[e, j][None], v[e][None])
         f_tr, f_te = net(X[None])[0], net(Xt[None])[0]
         keep = c.get("store_nets", True)

@@ -23,7 +23,8 @@ def attack(W, b, v, Xt, yt, n_test, R, cells: list[dict]) -> list[dict]:
     gens = [torch.Generator().manual_seed(c["attack_seed"] * 1000 + e) for e in range(E)]
     for r in range(c["restarts"]):
         res = pgd_l2(net, Xt, yt, R, steps=c["T2"], alpha=c["alpha_factor"] * R / c["T2"],
-                     random_start=c["random_start"] or r > 0, generators=gens, clip=clip, chunk=c["chunk"])
+                     random_start=c["random_start"] or r > 0, generators=gens, clip=clip, chunk=c["chunk"],
+                     step=c.get("pgd_step", "normalised"))
         robust &= res.robust
         strict &= res.robust_strict
         dist = torch.maximum(dist, (res.x_adv - Xt).norm(dim=-1))

@@ -8,7 +8,7 @@ import math
 
 import torch
 
-RESAMPLE = ("bilinear", "area")
+RESAMPLE = ("bilinear", "area", "nearest")  # nearest: X5 only (spec 003 §2.5: it aliases strokes)
 VARIANTS = ("raw", "unit")
 
 
@@ -25,7 +25,7 @@ def downsample(img: torch.Tensor, d: int, mode: str = "bilinear") -> torch.Tenso
 
     ``bilinear``: ``interpolate(..., mode="bilinear", antialias=True, align_corners=False)``, equal to
     torchvision ``Resize((k, k))`` (spec 003 §2.5 default); ``area``: adaptive average pooling (the
-    recorded alternative). No upsampling: k must not exceed the image side."""
+    recorded alternative); ``nearest``: nearest-neighbour, only for spec 003 X5's sensitivity check. No upsampling: k must not exceed the image side."""
     if mode not in RESAMPLE:
         raise ValueError(f"resample {mode!r}: allowed {', '.join(RESAMPLE)}")
     k = side(d)
@@ -37,8 +37,10 @@ def downsample(img: torch.Tensor, d: int, mode: str = "bilinear") -> torch.Tenso
     x = img.unsqueeze(1)
     if mode == "bilinear":
         out = torch.nn.functional.interpolate(x, size=(k, k), mode="bilinear", antialias=True, align_corners=False)
-    else:
+    elif mode == "area":
         out = torch.nn.functional.adaptive_avg_pool2d(x, (k, k))
+    else:
+        out = torch.nn.functional.interpolate(x, size=(k, k), mode="nearest")
     return out.reshape(n, d)
 
 

@@ -14,6 +14,7 @@ import math
 import torch
 
 from tasks.nets.lazy import deviation_C0, logistic_dloss
+from tasks.train.minibatch import batch_plan, epoch_order
 
 
 @dataclasses.dataclass
@@ -42,12 +43,9 @@ def lazy_sgd(W0: torch.Tensor, v: torch.Tensor, b0: torch.Tensor, X: torch.Tenso
     stops updating once every radius has its snapshot; the loop stops when all have. Pre-activations
     are ``X W0^T + X U^T + b``, so U stays out of the rounding noise of W0 (spec 003 §2.2).
     """
-    if reduction not in ("mean", "sum"):
-        raise ValueError(f"reduction {reduction!r}: allowed mean, sum")
     E, m, d = W0.shape
     n, B = X.shape[0], batch_size
-    if B > n:
-        raise ValueError(f"batch_size {B} is larger than the {n} training points")
+    per_epoch, scale = batch_plan(n, B, reduction)
     C0 = torch.tensor(sorted(C0s), dtype=W0.dtype, device=W0.device)
     nC = len(C0)
     U = torch.zeros_like(W0)
@@ -56,13 +54,11 @@ def lazy_sgd(W0: torch.Tensor, v: torch.Tensor, b0: torch.Tensor, X: torch.Tenso
     snapb = torch.zeros(E, nC, m, dtype=W0.dtype, device=W0.device)
     steps = torch.full((E, nC), max_steps, dtype=torch.long)
     taken = torch.zeros(E, nC, dtype=torch.bool, device=W0.device)
-    per_epoch = n // B
-    scale = 1.0 / B if reduction == "mean" else 1.0
     perm = None
     for t in range(max_steps):
         pos = t % per_epoch
         if pos == 0:
-            perm = torch.stack([torch.randperm(n, generator=g) for g in generators]).to(X.device)  # (E,n)
+            perm = epoch_order(generators, n, X.device)  # (E,n)
         idx = perm[:, pos * B:(pos + 1) * B]  # (E,B)
         xb, yb = X[idx], y[idx]  # (E,B,d), (E,B)
         P = torch.bmm(xb, W0.transpose(1, 2)) + torch.bmm(xb, U.transpose(1, 2)) + b.unsqueeze(1)  # (E,B,m)

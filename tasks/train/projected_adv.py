@@ -17,6 +17,7 @@ import torch
 from tasks.attacks.pgd import pgd_l2
 from tasks.nets.lazy import logistic_dloss, project_ball
 from tasks.nets.two_layer import TwoLayer
+from tasks.train.minibatch import batch_plan, epoch_order
 
 
 @dataclasses.dataclass
@@ -35,22 +36,20 @@ class AdvRun:
 def projected_adv_train(W0: torch.Tensor, v: torch.Tensor, b: torch.Tensor, X: torch.Tensor, y: torch.Tensor,
                         V: torch.Tensor, R: torch.Tensor, generators: list[torch.Generator], *, T1_max: int = 50,
                         T2: int = 100, beta: float = 0.01, batch_size: int = 64, reduction: str = "sum",
-                        projection: str = "step", patience: int = 1, chunk: int = 4096) -> AdvRun:
+                        projection: str = "step", patience: int = 1, chunk: int = 4096, pgd_step: str = "normalised") -> AdvRun:
     """W0 (E,m,d), v (E,m) = a/√m, b (E,m) fixed (zeros: §5.2 has no bias), X (n,d), y (n); V, R (E,).
 
     Round t: PGD-``T2`` (step ``2.5R/T2``) on all training points against ``W_{t-1}``, its robust
     accuracy recorded; a model stops after ``patience`` rounds without an increase (spec 003 §6 #18);
     otherwise one epoch of floor(n/B) minibatches of a fresh shuffle of (X_adv, y), step ``beta`` on
     the ``sum`` (Alg. 1 line 9 as printed) or ``mean`` loss, projection after each step
-    (``step``, §5.2 text) or once per epoch (``epoch``, line 11)."""
+    (``step``, §5.2 text) or once per epoch (``epoch``, line 11); ``pgd_step`` normalised (spec §6 #15)
+    or raw (line 4 as printed, X5)."""
     if projection not in ("step", "epoch"):
         raise ValueError(f"projection {projection!r}: allowed step, epoch")
-    if reduction not in ("mean", "sum"):
-        raise ValueError(f"reduction {reduction!r}: allowed mean, sum")
     E, _, d = W0.shape
     n, B = X.shape[0], batch_size
-    if B > n:
-        raise ValueError(f"batch_size {B} is larger than the {n} training points")
+    per_epoch, scale = batch_plan(n, B, reduction)
     V, R = V.to(W0), R.to(W0)
     U = torch.zeros_like(W0)
     bestU = U.clone()
@@ -61,10 +60,9 @@ def projected_adv_train(W0: torch.Tensor, v: torch.Tensor, b: torch.Tensor, X: t
     stop = torch.zeros(E, dtype=torch.bool, device=W0.device)
     bad = torch.zeros(E, dtype=torch.long, device=W0.device)
     prev = None
-    scale = 1.0 / B if reduction == "mean" else 1.0
     for t in range(T1_max):
         net = TwoLayer(W0 + U, b, v)
-        adv = pgd_l2(net, X, y, R, steps=T2, chunk=chunk)
+        adv = pgd_l2(net, X, y, R, steps=T2, chunk=chunk, step=pgd_step)
         rta = adv.robust.to(W0.dtype).mean(1)  # robust train accuracy of W_{t-1}
         hist[:, t] = torch.where(stop, torch.full_like(rta, float("nan")), rta).cpu()
         better = (rta > best) & ~stop
@@ -78,8 +76,8 @@ def projected_adv_train(W0: torch.Tensor, v: torch.Tensor, b: torch.Tensor, X: t
         if bool(stop.all()):
             break
         epochs += (~stop).long().cpu()
-        perm = torch.stack([torch.randperm(n, generator=g) for g in generators]).to(X.device)
-        for pos in range(n // B):
+        perm = epoch_order(generators, n, X.device)
+        for pos in range(per_epoch):
             idx = perm[:, pos * B:(pos + 1) * B]
             xb = torch.gather(adv.x_adv, 1, idx.unsqueeze(-1).expand(-1, -1, d))  # (E,B,d)
             yb = y[idx]
