@@ -5,6 +5,8 @@ nets on the same data for the same number of full-batch GD steps (constant LR, e
 log-space step of tasks/train/gd.py is then plain GD, θ ← θ - lr ∇L) with each method:
 
 - ``kktlab``: ``tasks.train.train`` (stacked, chunked to the cache on the CPU);
+- ``kktlab_compiled``: the same with ``compile=True`` (the step under ``torch.compile``; compile
+  time reported apart and amortised like the compiled ensemble's);
 - ``kktlab_whole``: the same with the whole stack in one kernel call (``chunk=E``);
 - ``loop``: a Python loop over nets, each an ``nn.Module`` (Linear + ReLU + Linear) with
   ``torch.optim.SGD`` and autograd;
@@ -40,7 +42,7 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-METHODS = ("kktlab", "kktlab_whole", "loop", "vmap", "vmap_compiled")
+METHODS = ("kktlab", "kktlab_compiled", "kktlab_whole", "loop", "vmap", "vmap_compiled")
 LR = 1e-3
 
 
@@ -71,12 +73,16 @@ def child(a) -> dict:
     net, X, y = data.synthetic_stack(range(E), d, n, k, dtype=dtype)
     sched = train.Schedule(lr0=LR, period=10**9, target_loss=1e-300, max_iters=10**9, sync_every=10**9)
     W, b, v = net.W.clone(), net.b.clone(), net.v.clone()
-    if a.method in ("kktlab", "kktlab_whole"):
+    if a.method in ("kktlab", "kktlab_whole", "kktlab_compiled"):
         chunk = E if a.method == "kktlab_whole" else None
-        train.train(net, X, y, sched, max_steps=2, chunk=chunk)  # warm-up
+        comp = a.method == "kktlab_compiled"
+        t0 = time.perf_counter()
+        train.train(net, X, y, sched, max_steps=2, chunk=chunk, compile=comp)  # warm-up (compiles every variant)
+        if comp:
+            out["compile_s"] = time.perf_counter() - t0
 
         def run():
-            return train.train(net, X, y, sched, max_steps=steps, chunk=chunk).net
+            return train.train(net, X, y, sched, max_steps=steps, chunk=chunk, compile=comp).net
     elif a.method == "loop":
         def run(E=E, steps=steps):
             res = []
@@ -120,11 +126,15 @@ def child(a) -> dict:
             for _ in range(steps):
                 p = step(p, X, y)
             return p
+    from torch._dynamo.utils import counters
+
+    graphs0 = counters["stats"]["unique_graphs"]
     r0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
     res = run()
     t = time.perf_counter() - t0
     r1 = resource.getrusage(resource.RUSAGE_SELF)
+    out["compiles_while_timed"] = counters["stats"]["unique_graphs"] - graphs0
     if isinstance(res, list):  # loop
         res = tuple(torch.stack(t) for t in zip(*res))
     elif not isinstance(res, tuple):
@@ -188,7 +198,7 @@ def grid_row(shape, E, a, env, tmp) -> dict:
                "max_param_diff_vs_kktlab": (max(float((x - y).abs().max()) for x, y in zip(params[m], ref))
                                            if ref is not None and m in params else None)}
         rec["fraction_of_gemm"] = rec["gflops_at_min"] / gemm
-        if m == "vmap_compiled":
+        if m in ("vmap_compiled", "kktlab_compiled"):
             cs = min(o["compile_s"] for o in ok)
             rec["compile_s_min"] = cs
             rec["us_per_net_step_amortised"] = min(us) + cs / (E * a.amortise_steps) * 1e6
