@@ -107,9 +107,10 @@ def _closed_form(model: SquaredLossModel, Z: torch.Tensor) -> tuple[torch.Tensor
     :func:`make_model` builds (linreg: φ = zᵀw, ∇ = z; one layer: φ = vᵀρ(Wz), ∇_W = (v ⊙ ρ'(Wz)) zᵀ,
     ∇_v = ρ(Wz)); None for any other φ. Issue 19: ~10x faster than vmap(grad) on a CPU (benchmarks/
     kernel_alternatives.py forging), equal to it to round-off (tests/test_forging.py)."""
-    if model.phi is _linreg_phi:
+    phi = getattr(model, "phi", None)  # duck-typed models (problems._LossModel) have only a loss
+    if phi is _linreg_phi:
         return Z @ model.w, Z
-    act = getattr(model.phi, "activation", None)
+    act = getattr(phi, "activation", None)
     if act not in DERIVATIVES:
         return None
     W, v = model.split()
