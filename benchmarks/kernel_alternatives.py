@@ -18,7 +18,7 @@ Every method's full answer is compared with kktlab's (largest absolute and relat
   batched matrix products since issue 19): vs torch.func ``vmap(grad)`` (kktlab's kernel before),
   the same under ``torch.compile``, and a per-point autograd loop.
 
-    python benchmarks/kernel_alternatives.py cstar|kkt|forging [--repeats 3]
+    python benchmarks/kernel_alternatives.py [all|cstar|kkt|forging] [--repeats 3] [--inner 2]
 """
 
 from __future__ import annotations
@@ -190,7 +190,7 @@ def child(a) -> dict:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("kernel", choices=sorted(METHODS))
+    ap.add_argument("kernel", nargs="?", default="all", choices=["all", *sorted(METHODS)])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--inner", type=int, default=2)
     ap.add_argument("--E", type=int), ap.add_argument("--A", type=int, default=16)
@@ -201,6 +201,11 @@ def main(argv=None):
     ap.add_argument("--methods", nargs="+")
     ap.add_argument("--child"), ap.add_argument("--problem"), ap.add_argument("--out")
     a = ap.parse_args(argv)
+    if a.kernel == "all":
+        rest = [x for x in (sys.argv[1:] if argv is None else argv) if x != "all"]
+        for kernel in sorted(METHODS):
+            main([kernel, *rest])
+        return
     defaults = {"cstar": dict(E=64, d=20, m=40), "kkt": dict(E=4, d=200, m=10, n=64), "forging": dict(d=10, n=32)}
     for key, val in defaults[a.kernel].items():
         setattr(a, key, getattr(a, key) if getattr(a, key) is not None else val)

@@ -93,13 +93,19 @@ def main(argv=None):
     fold = fold_variants(C, a.n, a.d, a.k, dt)
     for name, us in fold.items():
         print(f"{name:24s} {us:7.2f} us CPU per net (chunk {C})")
+    A, B = torch.randn(1024, 1024, dtype=dt), torch.randn(1024, 1024, dtype=dt)
+    gemm = 2 * 1024**3 / min(cpu_us(lambda: torch.mm(A, B), 3) for _ in range(4)) * 1e6 / 1e9
+    flop = 4 * a.n * a.d * a.k + 4 * a.n * a.k
+    print(f"dense 1024^2 GEMM {gemm:.1f} GFLOP/s CPU time")
     prof = {mode: profile(a.E, a.n, a.d, a.k, dt, a.steps, mode == "compiled") for mode in ("eager", "compiled")}
     for mode, r in prof.items():
-        print(mode, f"{r['cpu_us_per_net_step_unprofiled']:.1f} us CPU per net-step;",
+        r["gflops"] = flop / r["cpu_us_per_net_step_unprofiled"] / 1e3
+        r["fraction_of_gemm"] = r["gflops"] / gemm
+        print(f"{r['fraction_of_gemm']:.0%} of GEMM", mode, f"{r['cpu_us_per_net_step_unprofiled']:.1f} us CPU per net-step;",
               ", ".join(f"{k} {v['self_cpu_frac']:.0%}" for k, v in list(r["top_ops"].items())[:6]))
     write(f"train_step_parts_n{a.n}d{a.d}k{a.k}{a.dtype}_E{a.E}",
           {"shape": vars(a), "chunk": C, "load_avg_1m_end": os.getloadavg()[0],
-           "fold_us_cpu_per_net": fold, "profile": prof})
+           "gemm_gflops_cpu": gemm, "fold_us_cpu_per_net": fold, "profile": prof})
 
 
 if __name__ == "__main__":
