@@ -93,6 +93,12 @@ def test_auto_chunk_fits_the_cache_on_cpu_only_issue19():
     assert train.auto_chunk(1024, 50, 100, torch.float64, "meta") == 1024
 
 
+@pytest.mark.parametrize("E, chunk, expected", [(1024, 26, 16), (1024, 409, 256), (16, 16, 16), (1021, 26, 26)])
+def test_even_chunk_for_the_compiled_step_issue19(E, chunk, expected):
+    """Compiled step (issue 19): equal chunks where E has a divisor in (chunk/2, chunk], so one shape compiles."""
+    assert train.gd.even_chunk(E, chunk) == expected
+
+
 @pytest.mark.slow
 def test_reaches_1e30_in_float32_with_log_space_step():
     """Spec A16: the log-space step reaches loss 1e-30 in float32 (no underflow)."""

@@ -7,7 +7,8 @@ The step is the spec's log-space form of plain GD/SGD on the exponential or logi
 
 so neither L ≈ 1e-30 nor lr ≈ 1e25 is ever formed as a float. Gradients are written by hand
 with two ``bmm`` per step (no autograd graph), all E nets in one kernel (on a CPU in
-cache-sized chunks of nets, :func:`auto_chunk`, issue 19). Each net keeps its own
+cache-sized chunks of nets, :func:`auto_chunk`, issue 19; ``train(..., compile=True)`` runs the
+step under torch.compile). Each net keeps its own
 schedule state and stops on device when its full-data loss drops below the target; finished
 nets are frozen (scale 0), which is identical to stopping them. Only every ``sync_every``
 steps does the host look at the state.
@@ -160,8 +161,9 @@ def compiled_step():
     """:func:`_step` under ``torch.compile`` (issue 19): inductor fuses the elementwise passes over
     the (E, n, k) activations and the per-net schedule bookkeeping into a few loops; the GEMMs stay
     library calls. Built once per process; each new (chunk) shape or flag combination compiles
-    once more (seconds with a warm inductor cache, tens of seconds cold). The same maths and
-    operation order as the eager step (parameters equal to ~1e-16 relative, tests/test_train.py)."""
+    once more (seconds with a warm inductor cache, tens of seconds cold). The same maths as the
+    eager step; the fused margins and v-gradient sum in another order, so parameters equal the
+    eager step's to ~1e-16 relative (tests/test_train.py), not bit for bit."""
     return torch.compile(_step)
 
 
@@ -177,6 +179,12 @@ def auto_chunk(E: int, n: int, k: int, dtype: torch.dtype, device) -> int:
         return E
     per_net = max(1, n * k * torch.finfo(dtype).bits // 8)
     return max(1, min(E, CHUNK_BYTES // per_net))
+
+
+def even_chunk(E: int, chunk: int) -> int:
+    """The largest divisor of E in (chunk/2, chunk], else ``chunk``: equal chunks, so a compiled
+    step compiles one shape, not a second (dynamic-shape) one for a smaller last chunk (issue 19)."""
+    return next((c for c in range(min(chunk, E), chunk // 2, -1) if E % c == 0), chunk)
 
 
 def concat_states(states: list[TrainState]) -> TrainState:
@@ -207,7 +215,9 @@ def train(net: TwoLayer, X: torch.Tensor, y: torch.Tensor, schedule: Schedule, *
     benchmarks/train_batched.py, whose README says where it pays).
     """
     E, m, _ = X.shape
-    chunk = auto_chunk(E, min(m, schedule.batch_size), net.W.shape[1], X.dtype, X.device) if chunk is None else chunk
+    if chunk is None:
+        chunk = auto_chunk(E, min(m, schedule.batch_size), net.W.shape[1], X.dtype, X.device)
+        chunk = even_chunk(E, chunk) if compile else chunk
     if chunk < E:
         parts = []
         for lo in range(0, E, chunk):
