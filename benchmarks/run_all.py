@@ -17,6 +17,7 @@ RESULTS = HERE / "results"
 BENCHES = {
     "train_batched": (["--quick"], ["--quick", "--E", "16", "256", "--net-steps", "5120"]),
     "cstar_kkt": ([], ["--E", "16"]),
+    "kernel_alternatives": ([], ["--repeats", "1", "--inner", "1", "--N", "1024", "--pg-iters", "1000"]),
     "forging_rare_event": ([], ["--quick"]),
     "orchestration_overhead": ([], ["--quick", "--big", "1000"]),
     "wide_step": ([], ["--steps", "3"]),

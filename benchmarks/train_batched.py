@@ -5,18 +5,22 @@ nets on the same data for the same number of full-batch GD steps (constant LR, e
 log-space step of tasks/train/gd.py is then plain GD, θ ← θ - lr ∇L) with each method:
 
 - ``kktlab``: ``tasks.train.train`` (stacked, chunked to the cache on the CPU);
+- ``kktlab_compiled``: the same with ``compile=True`` (the step under ``torch.compile``; compile
+  time reported apart and amortised like the compiled ensemble's);
 - ``kktlab_whole``: the same with the whole stack in one kernel call (``chunk=E``);
 - ``loop``: a Python loop over nets, each an ``nn.Module`` (Linear + ReLU + Linear) with
   ``torch.optim.SGD`` and autograd;
 - ``vmap``: a ``torch.func`` ensemble (``vmap(grad(loss))`` over stacked parameters);
 - ``vmap_compiled``: the same step under ``torch.compile`` (compile time reported apart, and
   amortised over ``--amortise-steps`` steps in ``us_per_net_step_amortised``);
-- ``gemm``: a dense (1024 x 1024) GEMM of the row's dtype, the reference rate.
+- ``gemm``: a dense (1024 x 1024) GEMM of the row's dtype, the reference rate, and the step's own
+  two batched GEMMs alone (``step_gemms_gflops``: the most the step can reach at that shape).
 
 Each method runs in a fresh process per repeat (``--repeats``, methods interleaved in a rotated
 order), one torch thread, under the environment kktlab gives its Dask workers
 (``deploy.runtime.QUIET_ENV`` + ``OMP_NUM_THREADS=1``; ``--bare-env`` drops the allocator
-settings). Rows report min and median time per net-step, GFLOP/s (4ndk + 4nk FLOP per net-step),
+settings). Rows report min and median time per net-step, wall and CPU time (user + sys of the
+process: on a shared machine it leaves out the time other jobs held the core), GFLOP/s (4ndk + 4nk FLOP per net-step),
 the fraction of the GEMM rate measured in the same row, peak RSS, minor page faults per step,
 the load average, and the largest parameter difference of each method from ``kktlab`` over all
 nets. Writes benchmarks/results/train_batched.json (``--quick``: train_batched_quick.json).
@@ -40,7 +44,7 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-METHODS = ("kktlab", "kktlab_whole", "loop", "vmap", "vmap_compiled")
+METHODS = ("kktlab", "kktlab_compiled", "kktlab_whole", "loop", "vmap", "vmap_compiled")
 LR = 1e-3
 
 
@@ -58,12 +62,29 @@ def child(a) -> dict:
     if a.method == "gemm":
         A, B = torch.randn(1024, 1024, dtype=dtype), torch.randn(1024, 1024, dtype=dtype)
         torch.mm(A, B)
-        ts = []
+        ts, cs = [], []
         for _ in range(5):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             torch.mm(A, B)
-            ts.append(time.perf_counter() - t0)
+            ts.append(time.perf_counter() - t0), cs.append(time.process_time() - c0)
         out["gflops"] = 2 * 1024**3 / min(ts) / 1e9
+        out["gflops_cpu"] = 2 * 1024**3 / min(cs) / 1e9
+        # the step's own two GEMMs alone (forward X W^T, update G^T X), chunked like kktlab: the
+        # rate the step could reach if everything else were free at this shape
+        from tasks import train
+
+        c = train.auto_chunk(a.E, a.n, a.k, dtype, "cpu")
+        X, W, G = (torch.randn(c, *s, dtype=dtype) for s in ((a.n, a.d), (a.k, a.d), (a.n, a.k)))
+        reps = max(3, 2000 // c)
+        ts, cs = [], []
+        for _ in range(6):
+            t0, c0 = time.perf_counter(), time.process_time()
+            for _ in range(reps):
+                torch.bmm(X, W.transpose(1, 2))
+                W.baddbmm_(G.transpose(1, 2), X, alpha=1e-12)
+            ts.append(time.perf_counter() - t0), cs.append(time.process_time() - c0)
+        out["step_gemms_gflops"] = 4 * a.n * a.d * a.k * c * reps / min(ts[1:]) / 1e9
+        out["step_gemms_gflops_cpu"] = 4 * a.n * a.d * a.k * c * reps / min(cs[1:]) / 1e9
         return out
     from tasks import data, train
 
@@ -71,12 +92,16 @@ def child(a) -> dict:
     net, X, y = data.synthetic_stack(range(E), d, n, k, dtype=dtype)
     sched = train.Schedule(lr0=LR, period=10**9, target_loss=1e-300, max_iters=10**9, sync_every=10**9)
     W, b, v = net.W.clone(), net.b.clone(), net.v.clone()
-    if a.method in ("kktlab", "kktlab_whole"):
+    if a.method in ("kktlab", "kktlab_whole", "kktlab_compiled"):
         chunk = E if a.method == "kktlab_whole" else None
-        train.train(net, X, y, sched, max_steps=2, chunk=chunk)  # warm-up
+        comp = a.method == "kktlab_compiled"
+        t0 = time.perf_counter()
+        train.train(net, X, y, sched, max_steps=2, chunk=chunk, compile=comp)  # warm-up (compiles every variant)
+        if comp:
+            out["compile_s"] = time.perf_counter() - t0
 
         def run():
-            return train.train(net, X, y, sched, max_steps=steps, chunk=chunk).net
+            return train.train(net, X, y, sched, max_steps=steps, chunk=chunk, compile=comp).net
     elif a.method == "loop":
         def run(E=E, steps=steps):
             res = []
@@ -120,17 +145,22 @@ def child(a) -> dict:
             for _ in range(steps):
                 p = step(p, X, y)
             return p
+    from torch._dynamo.utils import counters
+
+    graphs0 = counters["stats"]["unique_graphs"]
     r0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
     res = run()
     t = time.perf_counter() - t0
     r1 = resource.getrusage(resource.RUSAGE_SELF)
+    out["compiles_while_timed"] = counters["stats"]["unique_graphs"] - graphs0
     if isinstance(res, list):  # loop
         res = tuple(torch.stack(t) for t in zip(*res))
     elif not isinstance(res, tuple):
         res = (res.W, res.b, res.v)
     torch.save(tuple(r.contiguous() for r in res), a.params_out)
-    out.update(seconds=t, us_per_net_step=t / (E * steps) * 1e6, faults_per_step=(r1.ru_minflt - r0.ru_minflt) / steps,
+    cpu = (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime)  # excludes time descheduled by other users
+    out.update(seconds=t, us_per_net_step=t / (E * steps) * 1e6, cpu_us_per_net_step=cpu / (E * steps) * 1e6, faults_per_step=(r1.ru_minflt - r0.ru_minflt) / steps,
                peak_rss_mb=r1.ru_maxrss / 1024)
     return out
 
@@ -174,8 +204,13 @@ def grid_row(shape, E, a, env, tmp) -> dict:
             if m != "gemm" and "error" not in out and m not in params:
                 params[m] = torch.load(pth)
     gemm = max(o["gflops"] for o in runs["gemm"] if "gflops" in o)
+    step_gemms = max(o["step_gemms_gflops"] for o in runs["gemm"] if "gflops" in o)
+    gemm_cpu = max(o["gflops_cpu"] for o in runs["gemm"] if "gflops" in o)
+    step_gemms_cpu = max(o["step_gemms_gflops_cpu"] for o in runs["gemm"] if "gflops" in o)
     fl = flops_per_net_step(n, d, k)
-    row = {"n": n, "d": d, "k": k, "dtype": dtype, "E": E, "steps": steps, "gemm_gflops": gemm, "methods": {}}
+    row = {"n": n, "d": d, "k": k, "dtype": dtype, "E": E, "steps": steps, "gemm_gflops": gemm,
+           "step_gemms_gflops": step_gemms, "gemm_gflops_cpu": gemm_cpu, "step_gemms_gflops_cpu": step_gemms_cpu,
+           "methods": {}}
     ref = params.get("kktlab")
     for m in methods:
         ok = [o for o in runs[m] if "us_per_net_step" in o]
@@ -183,16 +218,41 @@ def grid_row(shape, E, a, env, tmp) -> dict:
             row["methods"][m] = {"error": runs[m][0].get("error")}
             continue
         us = [o["us_per_net_step"] for o in ok]
+        cpu = [o["cpu_us_per_net_step"] for o in ok]
         rec = {"us_per_net_step_min": min(us), "us_per_net_step_median": statistics.median(us),
+               "cpu_us_per_net_step_min": min(cpu), "cpu_us_per_net_step_median": statistics.median(cpu),
                "gflops_at_min": fl / (min(us) * 1e-6) / 1e9, "runs": ok,
                "max_param_diff_vs_kktlab": (max(float((x - y).abs().max()) for x, y in zip(params[m], ref))
                                            if ref is not None and m in params else None)}
         rec["fraction_of_gemm"] = rec["gflops_at_min"] / gemm
-        if m == "vmap_compiled":
+        rec["fraction_of_step_gemms"] = rec["gflops_at_min"] / step_gemms
+        # CPU time (user + sys of the process): on a shared machine it leaves out the time other
+        # users' jobs held the core, which wall time does not
+        rec["gflops_cpu_at_min"] = fl / (min(cpu) * 1e-6) / 1e9
+        rec["fraction_of_gemm_cpu"] = rec["gflops_cpu_at_min"] / gemm_cpu
+        rec["fraction_of_step_gemms_cpu"] = rec["gflops_cpu_at_min"] / step_gemms_cpu
+        if m in ("vmap_compiled", "kktlab_compiled"):
             cs = min(o["compile_s"] for o in ok)
             rec["compile_s_min"] = cs
             rec["us_per_net_step_amortised"] = min(us) + cs / (E * a.amortise_steps) * 1e6
+            rec["cpu_us_per_net_step_amortised"] = min(cpu) + cs / (E * a.amortise_steps) * 1e6
         row["methods"][m] = rec
+    ms = row["methods"]
+    amort = {m: ms[m].get("us_per_net_step_amortised", ms[m].get("us_per_net_step_min"))
+             for m in ("kktlab", "kktlab_compiled") if m in ms and "us_per_net_step_min" in ms[m]}
+    if amort and "us_per_net_step_amortised" in ms.get("vmap_compiled", {}):
+        best = min(amort, key=amort.get)  # what train() should run at this shape (compile amortised)
+        row["best_kktlab"] = best
+        row["best_kktlab_vs_compiled_vmap_amortised"] = ms["vmap_compiled"]["us_per_net_step_amortised"] / amort[best]
+        row["best_kktlab_vs_compiled_vmap_steady"] = (ms["vmap_compiled"]["us_per_net_step_min"]
+                                                      / ms[best]["us_per_net_step_min"])
+        camort = {m: ms[m].get("cpu_us_per_net_step_amortised", ms[m]["cpu_us_per_net_step_min"]) for m in amort}
+        best_cpu = min(camort, key=camort.get)
+        row["best_kktlab_cpu"] = best_cpu
+        row["best_kktlab_vs_compiled_vmap_amortised_cpu"] = (ms["vmap_compiled"]["cpu_us_per_net_step_amortised"]
+                                                             / camort[best_cpu])
+        row["best_kktlab_vs_compiled_vmap_steady_cpu"] = (ms["vmap_compiled"]["cpu_us_per_net_step_min"]
+                                                          / ms[best_cpu]["cpu_us_per_net_step_min"])
     base = row["methods"].get("kktlab", {}).get("us_per_net_step_min")
     for m, rec in row["methods"].items():
         if base and "us_per_net_step_min" in rec:
@@ -208,6 +268,12 @@ def summary(row) -> str:
             f"{ms['kktlab'].get('us_per_net_step_min', float('nan')):7.1f} us/net-step "
             f"({ms['kktlab'].get('fraction_of_gemm', float('nan')):.0%} of GEMM {row['gemm_gflops']:.0f} GF/s)")
     parts = [head]
+    if "best_kktlab_cpu" in row:
+        parts.append(f"CPU time: best={row['best_kktlab_cpu']} vs compiled vmap "
+                     f"{row['best_kktlab_vs_compiled_vmap_amortised_cpu']:.2f}x amortised")
+    if "best_kktlab" in row:
+        parts.append(f"best={row['best_kktlab']} vs compiled vmap {row['best_kktlab_vs_compiled_vmap_amortised']:.2f}x "
+                     f"amortised, {row['best_kktlab_vs_compiled_vmap_steady']:.2f}x steady")
     for m in METHODS[1:]:
         if m in ms and "kktlab_speedup" in ms[m]:
             parts.append(f"{m} {ms[m]['kktlab_speedup']:.2f}x")
@@ -220,13 +286,14 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--E", type=int, nargs="+", default=[16, 256, 1024])
     ap.add_argument("--net-steps", type=int, default=20480, help="net-steps per method and repeat (steps = this / E)")
-    ap.add_argument("--min-steps", type=int, default=10)
+    ap.add_argument("--min-steps", type=int, default=40, help="at least this many steps (one-off costs per call)")
     ap.add_argument("--max-loop-net-steps", type=int, default=20480, help="skip the loop above this")
     ap.add_argument("--amortise-steps", type=int, default=10_000, help="run length for amortising compile time")
     ap.add_argument("--shape", nargs=4, action="append", metavar=("N", "D", "K", "DTYPE"),
                     help="run only these shapes (repeatable); the JSON is named after them")
     ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     ap.add_argument("--bare-env", action="store_true", help="without the workers' malloc settings")
+    ap.add_argument("--out", help="JSON name (default from --quick / --shape)")
     ap.add_argument("--child")
     ap.add_argument("--n", type=int), ap.add_argument("--d", type=int), ap.add_argument("--k", type=int)
     ap.add_argument("--dtype", default="float64")
@@ -257,6 +324,7 @@ def main(argv=None):
     name = "train_batched_quick" if a.quick else "train_batched"
     name += "".join(f"_n{n}d{d}k{k}{dt}" for n, d, k, dt in shapes) if a.shape else ""
     name += "_bare_env" if a.bare_env else ""
+    name = a.out or name
     path = write(name, {"env": {k: env.get(k) for k in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_",
                                                        "OMP_NUM_THREADS", "OMP_WAIT_POLICY")},
                         "repeats": a.repeats, "rows": rows})

@@ -7,7 +7,8 @@ The step is the spec's log-space form of plain GD/SGD on the exponential or logi
 
 so neither L ≈ 1e-30 nor lr ≈ 1e25 is ever formed as a float. Gradients are written by hand
 with two ``bmm`` per step (no autograd graph), all E nets in one kernel (on a CPU in
-cache-sized chunks of nets, :func:`auto_chunk`, issue 19). Each net keeps its own
+cache-sized chunks of nets, :func:`auto_chunk`, issue 19; ``train(..., compile=True)`` runs the
+step under torch.compile). Each net keeps its own
 schedule state and stops on device when its full-data loss drops below the target; finished
 nets are frozen (scale 0), which is identical to stopping them. Only every ``sync_every``
 steps does the host look at the state.
@@ -16,6 +17,7 @@ steps does the host look at the state.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import torch
@@ -108,8 +110,13 @@ def _step(st: TrainState, X, y, mask, sched: Schedule, check_stop: bool, check_d
     relu in place, the indicator sign(A), and two in-place products with g and v).
     """
     net = st.net
-    A = torch.relu_(net.pre(X))  # (E,n,k), in place: one (E,n,k) buffer fewer per step
-    q = y * torch.bmm(A, net.v.unsqueeze(-1)).squeeze(-1)
+    fused = torch.compiler.is_compiling()  # under compiled_step: forms inductor fuses into its loops
+    if fused:  # bias add + ReLU + the margin's product with v: one pass over the GEMM's output
+        A = torch.relu(torch.bmm(X, net.W.transpose(1, 2)) + net.b.unsqueeze(1))
+        q = y * (A * net.v.unsqueeze(1)).sum(-1)
+    else:
+        A = torch.relu_(net.pre(X))  # (E,n,k), in place: one (E,n,k) buffer fewer per step
+        q = y * torch.bmm(A, net.v.unsqueeze(-1)).squeeze(-1)
     log_l, log_dl = log_loss_terms(q, sched.loss)
     if padded:
         log_l = log_l.masked_fill(~mask, -math.inf)
@@ -126,13 +133,17 @@ def _step(st: TrainState, X, y, mask, sched: Schedule, check_stop: bool, check_d
     keep = run.unsqueeze(1) & (log_w > math.log(torch.finfo(X.dtype).tiny))
     keep = keep & mask if padded else keep
     g = (y * torch.where(keep, torch.exp(log_w), torch.zeros_like(log_w))).to(X.dtype)  # ascent weights
-    dv = torch.bmm(A.transpose(1, 2), g.unsqueeze(-1)).squeeze(-1)
     # g_i v_j 1[h_ij > 0]; sign(relu(h)) is the indicator, and far cheaper than a bool mask on CPU
     # (formed in place on the indicator: s·g·v equals g·v·s exactly, s being 0 or 1)
     G = torch.sign(A).mul_(g.unsqueeze(-1)).mul_(net.v.unsqueeze(1))
-    net.W.baddbmm_(G.transpose(1, 2), X)
-    net.b += G.sum(1)
-    net.v += dv
+    if fused:  # new tensors rather than in-place updates: no copy back into the inputs
+        dv = (A * g.unsqueeze(-1)).sum(1)
+        net.W, net.b, net.v = torch.baddbmm(net.W, G.transpose(1, 2), X), net.b + G.sum(1), net.v + dv
+    else:
+        dv = torch.bmm(A.transpose(1, 2), g.unsqueeze(-1)).squeeze(-1)
+        net.W.baddbmm_(G.transpose(1, 2), X)
+        net.b += G.sum(1)
+        net.v += dv
     # schedule: per-net plateau counter; the period shortens once the net separates the data
     st.iters += run
     st.plateau_pos += run
@@ -143,6 +154,17 @@ def _step(st: TrainState, X, y, mask, sched: Schedule, check_stop: bool, check_d
         bump = run & (st.plateau_pos >= period)
     st.log_lr = torch.where(bump, (st.log_lr + math.log(sched.factor)).clamp_max(sched.max_log_lr), st.log_lr)
     st.plateau_pos = st.plateau_pos.masked_fill(bump, 0)
+
+
+@functools.cache
+def compiled_step():
+    """:func:`_step` under ``torch.compile`` (issue 19): inductor fuses the elementwise passes over
+    the (E, n, k) activations and the per-net schedule bookkeeping into a few loops; the GEMMs stay
+    library calls. Built once per process; each new (chunk) shape or flag combination compiles
+    once more (seconds with a warm inductor cache, tens of seconds cold). The same maths as the
+    eager step; the fused margins and v-gradient sum in another order, so parameters equal the
+    eager step's to ~1e-16 relative (tests/test_train.py), not bit for bit."""
+    return torch.compile(_step)
 
 
 CHUNK_BYTES = 1 << 20  # CPU: one (chunk, n, k) activation tensor of at most ~1 MiB (issue 19)
@@ -159,6 +181,12 @@ def auto_chunk(E: int, n: int, k: int, dtype: torch.dtype, device) -> int:
     return max(1, min(E, CHUNK_BYTES // per_net))
 
 
+def even_chunk(E: int, chunk: int) -> int:
+    """The largest divisor of E in (chunk/2, chunk], else ``chunk``: equal chunks, so a compiled
+    step compiles one shape, not a second (dynamic-shape) one for a smaller last chunk (issue 19)."""
+    return next((c for c in range(min(chunk, E), chunk // 2, -1) if E % c == 0), chunk)
+
+
 def concat_states(states: list[TrainState]) -> TrainState:
     """Stack the states of consecutive chunks of nets into one state."""
     if len(states) == 1:
@@ -170,7 +198,7 @@ def concat_states(states: list[TrainState]) -> TrainState:
 def train(net: TwoLayer, X: torch.Tensor, y: torch.Tensor, schedule: Schedule, *,
           mask: torch.Tensor | None = None, batch_generators: list[torch.Generator] | None = None,
           state: TrainState | None = None, max_steps: int | None = None,
-          chunk: int | None = None) -> TrainState:
+          chunk: int | None = None, compile: bool = False) -> TrainState:
     """Train the stack until every net has converged, died, diverged or hit ``max_iters``.
 
     X (E,m,d), y (E,m) in {±1}, mask (E,m) marks real samples (padding is False). If
@@ -181,9 +209,15 @@ def train(net: TwoLayer, X: torch.Tensor, y: torch.Tensor, schedule: Schedule, *
     ``chunk`` nets run together (default :func:`auto_chunk`): each chunk of the stack runs all
     its steps before the next one starts. Nets never interact, so every net's numbers are those
     of an unchunked run (tests/test_train.py pins it).
+
+    ``compile`` runs the step under ``torch.compile`` (:func:`compiled_step`): faster per step
+    where the step is not all GEMM, after a one-off compile per shape (measured in
+    benchmarks/train_batched.py, whose README says where it pays).
     """
     E, m, _ = X.shape
-    chunk = auto_chunk(E, min(m, schedule.batch_size), net.W.shape[1], X.dtype, X.device) if chunk is None else chunk
+    if chunk is None:
+        chunk = auto_chunk(E, min(m, schedule.batch_size), net.W.shape[1], X.dtype, X.device)
+        chunk = even_chunk(E, chunk) if compile else chunk
     if chunk < E:
         parts = []
         for lo in range(0, E, chunk):
@@ -192,7 +226,7 @@ def train(net: TwoLayer, X: torch.Tensor, y: torch.Tensor, schedule: Schedule, *
                 net=state.net.select(sl), **{f: getattr(state, f)[sl] for f in STATE_FIELDS})
             parts.append(train(net.select(sl), X[sl], y[sl], schedule, mask=None if mask is None else mask[sl],
                                batch_generators=None if batch_generators is None else batch_generators[sl],
-                               state=sub, max_steps=max_steps, chunk=sl.stop - sl.start))
+                               state=sub, max_steps=max_steps, chunk=sl.stop - sl.start, compile=compile))
         return concat_states(parts)
     mask = torch.ones(E, m, dtype=torch.bool, device=X.device) if mask is None else mask
     st = state if state is not None else init_state(net, schedule)
@@ -204,12 +238,13 @@ def train(net: TwoLayer, X: torch.Tensor, y: torch.Tensor, schedule: Schedule, *
             raise ValueError("minibatch training needs one batch generator per net")
     padded = full_batch and not bool(mask.all())
     log_m = torch.log(mask.sum(1).to(torch.float64)) if full_batch else None
+    step = compiled_step() if compile else _step
     steps, batches = 0, []
     max_steps = max_steps if max_steps is not None else schedule.max_iters
     while steps < max_steps:
         check_dead = steps % schedule.sync_every == 0
         if full_batch:
-            _step(st, X, y, mask, schedule, check_stop=True, check_dead=check_dead, log_m=log_m, padded=padded)
+            step(st, X, y, mask, schedule, check_stop=True, check_dead=check_dead, log_m=log_m, padded=padded)
         else:
             if not batches:
                 perms = torch.stack([torch.randperm(m, generator=gen) for gen in batch_generators]).to(X.device)
@@ -218,7 +253,7 @@ def train(net: TwoLayer, X: torch.Tensor, y: torch.Tensor, schedule: Schedule, *
             Xb = torch.gather(X, 1, idx.unsqueeze(-1).expand(-1, -1, X.shape[2]))
             yb = torch.gather(y, 1, idx)
             nb = torch.full((E,), float(idx.shape[1]), dtype=torch.float64, device=X.device)
-            _step(st, Xb, yb, torch.ones_like(yb, dtype=torch.bool), schedule, check_stop=False,
+            step(st, Xb, yb, torch.ones_like(yb, dtype=torch.bool), schedule, check_stop=False,
                   check_dead=check_dead, log_m=torch.log(nb), padded=False)
         steps += 1
         at_sync = steps % schedule.sync_every == 0
