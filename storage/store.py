@@ -106,7 +106,7 @@ class Store:
         Leftovers of a killed creation are removed first."""
         gpath = self.path / self.group_name
         if (gpath / "zarr.json").exists():
-            self.check_identity(ident)
+            self.check_identity(ident, {k: prm.default for k, prm in exp.params.items()})
             return self
         partial = pathlib.Path(str(self.path) + ".partial")
         if partial.exists():
@@ -142,7 +142,10 @@ class Store:
         shutil.rmtree(partial)
         return self
 
-    def check_identity(self, ident: dict) -> None:
+    def check_identity(self, ident: dict, defaults: dict | None = None) -> None:
+        """The group holds the experiment, source, grid and params ``ident`` names. A parameter the
+        group's identity lacks (added to the experiment after the group was made) matches when it
+        has its default (``defaults``), which by the rule for new parameters keeps the old behaviour."""
         attrs = self.group().attrs
         if "kktlab_identity" not in attrs:
             raise StoreError(f"group '{self.group_name}' of {self.path} was not written by kktlab")
@@ -158,6 +161,9 @@ class Store:
         for part in ("grid", "params", "cases"):
             have_part, want_part = have.get(part, {}), want.get(part, {})
             for k in sorted(set(have_part) | set(want_part)):
+                if part == "params" and k not in have_part and k in (defaults or {}) and \
+                        want_part.get(k) == json.loads(json.dumps(defaults[k], default=str)):
+                    continue  # a parameter newer than the group, at its default
                 if have_part.get(k) != want_part.get(k):
                     raise StoreError(
                         f"config field '{part}.{k}' is {want_part.get(k)!r} but store {self.path} group "

@@ -144,3 +144,26 @@ def test_status_of_a_store_not_created_yet_says_so(tmp_path, capsys):
     (tmp_path / "starting.zarr.partial").mkdir()
     assert main(["status", str(tmp_path / "starting.zarr")]) == 3
     assert "being created" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("value,ok", [(None, True), (12345, False)], ids=["new param at its default", "new param set"])
+def test_a_param_newer_than_the_group_matches_at_its_default(tmp_path, value, ok):
+    """A group made before a parameter existed (its identity lacks it) reopens when the config leaves
+    that parameter at its default (new parameters keep the old behaviour by default); a config that
+    sets it to anything else is refused, naming the field."""
+    import json
+
+    c = cfg()
+    st = open_store(c, str(tmp_path / "s.zarr"), "cpu")
+    g = st.group("r+")
+    ident = json.loads(g.attrs["kktlab_identity"])
+    newest = "max_iters"  # a parameter the config leaves at its default
+    assert ident["params"][newest] == c.exp.params[newest].default
+    del ident["params"][newest]  # as the group was made before `newest` was a parameter
+    g.attrs["kktlab_identity"] = json.dumps(ident, sort_keys=True)
+    if ok:
+        open_store(c, str(tmp_path / "s.zarr"), "cpu")
+        return
+    bad = config.parse(dict(c.to_dict(), params=dict(c.to_dict()["params"], **{newest: value})))
+    with pytest.raises(StoreError, match=f"params.{newest}"):
+        open_store(bad, str(tmp_path / "s.zarr"), "cpu")
