@@ -2,6 +2,8 @@
 
 import math
 
+import numpy as np
+
 import pytest
 import torch
 
@@ -210,3 +212,21 @@ def test_compiled_step_equals_eager_step_issue19():
         assert float((getattr(comp.net, p) - ref).abs().max()) <= 1e-12 * float(ref.abs().max()), p
     for f in ("iters", "status", "plateau_pos"):
         assert torch.equal(getattr(comp, f), getattr(eager, f)), f
+
+
+@pytest.mark.slow
+def test_compile_step_param_reaches_the_training_step_issue19():
+    """A config's ``compile_step: true`` trains the train stage's bundle under torch.compile, with
+    the eager bundle's nets to 1e-12 relative (the wiring of the kernel test above)."""
+    from flows import config
+    from flows.experiments import train as train_exp
+
+    def nets(compiled: bool):
+        cfg = config.parse({"experiment": "train", "grid": {"seed": [0, 1]},
+                            "params": {"d": 6, "m": 8, "width": 10, "max_iters": 300, "compile_step": compiled}})
+        return train_exp.run_bundle(cfg.cells(), "cpu")
+
+    for e, c in zip(nets(False), nets(True)):
+        assert c["iters"] == e["iters"] and c["status"] == e["status"]
+        for p in ("W", "b", "v"):
+            assert np.abs(c[p] - e[p]).max() <= 1e-12 * np.abs(e[p]).max(), p

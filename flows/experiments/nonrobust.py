@@ -46,6 +46,9 @@ P = {
     "batch_size": Param(int, 5000, "SGD batch (full batch when m <= batch_size)", min=1, max=M_MAX),
     "init_scale": Param(float, 1.0, "multiplier of the PyTorch default init (spec E13)", gt=0),
     "dtype": Param(str, "float64", "training precision (analysis is always float64)", choices=("float32", "float64")),
+    "compile_step": Param(bool, False, "run the training step under torch.compile: equal to eager to ~1e-15, "
+                          "5-60 s of compiling per process and shape; pays from E >= 256 nets over >= 1e4 steps "
+                          "(benchmarks/README.md, issue 19)"),
     "slack": Param(float, 1.1, "margin set I = {q_i <= slack · q_min} (paper: 1.1)", min=1.0),
     "attack": Param(str, "margin_direction", "universal direction", choices=tuple(attacks.DIRECTIONS)),
     "kkt_max_m": Param(int, 4000, "fit KKT multipliers only when m <= this (NNLS is O(m²))", min=0, max=M_MAX),
@@ -156,7 +159,7 @@ def train_bundle(cells: list[dict], device: str = "auto", checkpoint: str | None
     last_save, chunks = time.monotonic(), 0
     while state is None or bool(state.running.any()):
         state = train.train(net_dev, Xd, yd, sched, mask=maskd, batch_generators=gens, state=state,
-                            max_steps=cell_fn.chunk_steps(cells, sched))
+                            max_steps=cell_fn.chunk_steps(cells, sched), compile=cells[0].get("compile_step", False))
         chunks += 1
         stop = max_chunks is not None and chunks >= max_chunks
         if checkpoint and (stop or time.monotonic() - last_save >= checkpoint_every_s):

@@ -30,7 +30,7 @@ from tasks.cells.nonrobust import build, n_samples, schedule
 CIFAR = "cifar_vehicles"  # paper 004 F004-2: CIFAR-10 vehicles (+1) vs animals (-1), storage/datasets.py
 
 TRAIN_PARAMS = ("data", "labels", "d", "alpha", "m", "width", "seed", "loss", "lr0", "lr_factor", "lr_period",
-                "lr_period_fast", "target_loss", "max_iters", "batch_size", "init_scale", "dtype")
+                "lr_period_fast", "target_loss", "max_iters", "batch_size", "init_scale", "dtype", "compile_step")
 P = {k: nonrobust.P[k] for k in TRAIN_PARAMS}
 P["data"] = Param(str, "sphere", nonrobust.P["data"].doc + f"; {CIFAR}: CIFAR-10 vehicles vs animals, m/2 "
                   "per class from the start of the training split, minus their mean (paper 004 F004-2; d = 3072)",
@@ -183,7 +183,8 @@ def train_logged(cells: list[dict], device: str, checkpoint: str | None, sets: l
             continue
         was_running = torch.ones(len(cells), dtype=torch.bool) if state is None else state.running.cpu()
         if bool(was_running.any()):
-            state = train.train(net_dev, Xd, yd, sched, mask=maskd, state=state, max_steps=t - done)
+            state = train.train(net_dev, Xd, yd, sched, mask=maskd, state=state, max_steps=t - done,
+                                compile=cells[0].get("compile_step", False))
         done = t
         row = cell_fn.trajectory_point(state.net, Xd, yd, maskd, sched.loss, state.iters)
         for k, val in row.items():  # a net that stopped before the previous mark logs nothing more
