@@ -96,6 +96,7 @@ def cmd_run(args) -> int:
 
     runtime.quiet_env()
     from flows.sweep import open_store, run
+    from kktlab.progress_view import terminal_bars
     from storage.query import open_results, summary
 
     damaged = []  # per config: the verify report of each stage
@@ -125,7 +126,8 @@ def cmd_run(args) -> int:
                         print(f"[kktlab] {report.damaged} done cells are damaged; they are recomputed:",
                               file=sys.stderr)
                         print("\n".join(report.lines(SHOWN_DAMAGED)), file=sys.stderr)
-                ran = run(cfg, store, force=args.force, retry_failed=args.retry_failed)
+                with terminal_bars():  # live bars on a terminal, else the sweep's plain lines
+                    ran = run(cfg, store, force=args.force, retry_failed=args.retry_failed)
                 for stage, report, stats in zip(cfg.stages, reports, ran if isinstance(ran, list) else [ran]):
                     _print_stage(stage, store, report, stats, summary(open_results(store, stage.name),
                                                                       variables=stage.exp.summary))

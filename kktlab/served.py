@@ -62,7 +62,7 @@ def cmd_submit(args) -> int:
     if not args.watch:
         return 0
     try:
-        return watch(run.id, ui)
+        return watch(run.id, ui, store=params["store"], stages=cfg.stages)
     except KeyboardInterrupt:
         print(f"kktlab: stopped watching; the run goes on on the server: {ui}", file=sys.stderr)
         return 130
@@ -75,26 +75,34 @@ def _pool_has_live_worker(client, deployment_id) -> tuple[str, bool]:
                                    for w in workers)
 
 
-def watch(run_id, ui: str, no_worker_s: float = NO_WORKER_S) -> int:
-    """Follow flow run ``run_id`` to its end, printing its progress log lines as they come."""
+def watch(run_id, ui: str, no_worker_s: float = NO_WORKER_S, store: str | None = None, stages=(),
+          console=None) -> int:
+    """Follow flow run ``run_id`` to its end: a live bar per stage from its progress log lines
+    (plain lines when stdout is not a terminal), then each stage's summary table from ``store``."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
     from prefect.client.schemas.sorting import LogSort
+    from rich.console import Console
+
+    from flows.progress import parse_line
+    from kktlab.progress_view import Bars
 
     t0, seen, last_state = time.monotonic(), set(), None
-    with get_client(sync_client=True) as client:
+    console = console or Console(file=sys.stdout)
+    with get_client(sync_client=True) as client, Bars(console, plain_every_s=0.0, prefix="  ") as bars:
         while True:
             run = client.read_flow_run(run_id)
             state = run.state
             if state and state.name != last_state:
                 last_state = state.name
-                print(f"kktlab: flow run {run.name}: {state.name}", flush=True)
+                console.print(f"kktlab: flow run {run.name}: {state.name}", markup=False, highlight=False)
             # the sweep logs its progress lines to the root flow run (flows/progress.py): this one
             for log in client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])),
                                         sort=LogSort.TIMESTAMP_ASC):
-                if log.id not in seen and "cells" in log.message and "ETA" in log.message:
-                    seen.add(log.id)
-                    print(f"  {log.message}", flush=True)
+                event = parse_line(log.message) if log.id not in seen else None
+                seen.add(log.id)
+                if event is not None:
+                    bars.update(event)
             if state and state.is_final():
                 break
             if state and state.is_scheduled() and time.monotonic() - t0 > no_worker_s:
@@ -105,11 +113,32 @@ def watch(run_id, ui: str, no_worker_s: float = NO_WORKER_S) -> int:
                                     f"queued: {ui}")
             time.sleep(POLL_S)
     if state.is_completed():
+        if store:
+            _summaries(store, stages, console)
         return 0
     message = (state.message or "").strip().splitlines()
     print(f"kktlab: error: the flow run ended {state.name}" + (f": {message[0][:300]}" if message else "") +
           f"; its logs: {ui}", file=sys.stderr)
     return 1
+
+
+def _summaries(store: str, stages, console) -> None:
+    """Each stage's summary table and cell counts, read from the store (a filesystem the workers share)."""
+    from storage.query import open_results, status, summary
+
+    try:
+        rows = {row["group"]: row for row in status(store)}
+        for stage in stages:
+            row = rows.get(stage.name, {})
+            console.print(f"\n== {stage.experiment} / {stage.name}", markup=False, highlight=False)
+            console.print(summary(open_results(store, stage.name), variables=stage.exp.summary), markup=False,
+                          highlight=False)
+            failed = f", {row['failed']} failed" if row.get("failed") else ""
+            console.print(f"store: {store}  group: {stage.name}  cells: {row.get('done', '?')}/{row.get('total', '?')}"
+                          f" done{failed}", markup=False, highlight=False)
+    except Exception as err:  # noqa: BLE001 - the run is done; its table is a courtesy
+        console.print(f"kktlab: the store {store} is not readable here ({type(err).__name__}: {err}); "
+                      "workers and this machine must share its filesystem", markup=False, highlight=False)
 
 
 def cmd_deploy(args) -> int:
