@@ -31,10 +31,28 @@ QUIET_ENV = {
 }
 
 
-def quiet_env() -> None:
-    """Set the offline/quiet defaults (never overrides what the user set)."""
+VERBOSE_ENV = {"PREFECT_LOGGING_LEVEL": "INFO", "DASK_LOGGING__DISTRIBUTED": "info"}
+
+
+def quiet_env(verbose: bool = False) -> None:
+    """Set the offline/quiet defaults (never overrides what the user set); ``verbose`` (``--verbose``):
+    Prefect's and Dask's INFO logs as they come out of the box."""
+    if verbose:
+        os.environ.update(VERBOSE_ENV, KKTLAB_VERBOSE="1")
     for k, v in QUIET_ENV.items():
         os.environ.setdefault(k, v)
+
+
+def quiet_logs(verbose: bool = False) -> None:
+    """The same, for loggers already configured (a flow run started by a Prefect worker imported
+    Dask and Prefect before the flow could set the environment): the local cluster's ~45 INFO lines,
+    the jupyter-server-proxy hint and prefect-dask's cluster lines are hidden unless ``verbose``.
+    The dashboard address is printed once by the sweep itself (flows/sweep.py)."""
+    import logging
+
+    level = logging.INFO if verbose else logging.ERROR
+    for name in ("distributed", "distributed.http.proxy", "prefect.task_runner.dask"):
+        logging.getLogger(name).setLevel(level)
 
 
 @contextlib.contextmanager

@@ -108,6 +108,17 @@ def _api_logger() -> logging.Logger:
     return logger
 
 
+def announce(line: str, stream=None) -> None:
+    """One ``[kktlab] line`` on the terminal and in the root flow run's logs (e.g. the Dask dashboard)."""
+    print(f"[kktlab] {line}", file=stream or sys.stderr, flush=True)
+    run_id = _root_flow_run_id()
+    if run_id:
+        try:
+            _api_logger().info(line, extra={"flow_run_id": run_id})
+        except Exception:  # noqa: BLE001 - the UI is best effort
+            pass
+
+
 def flush_logs() -> None:
     """Send the progress log lines still queued to the Prefect API, and wait for it."""
     if logging.getLogger("prefect.kktlab.progress").handlers:

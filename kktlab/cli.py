@@ -94,7 +94,8 @@ def cmd_run(args) -> int:
         check_scheduler(address)
     from deploy import runtime
 
-    runtime.quiet_env()
+    runtime.quiet_env(args.verbose)
+    runtime.quiet_logs(args.verbose)
     from flows.sweep import open_store, run
     from kktlab.progress_view import terminal_bars
     from storage.query import open_results, summary
@@ -281,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--retry-failed", action="store_true", help="compute cells stored as failed again")
     r.add_argument("--json", help="write the run's statistics to this JSON file")
     r.add_argument("--max-cells", type=int, help="allow a grid of up to this many cells (runner.max_cells)")
+    r.add_argument("--verbose", action="store_true", help="Prefect's and Dask's INFO logs (the local cluster's too)")
     r.set_defaults(fn=cmd_run)
     s = sub.add_parser("submit", help="queue a config's sweep on a Prefect server (served mode)")
     s.add_argument("config")
@@ -289,6 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--force", action="store_true")
     s.add_argument("--watch", action="store_true", help="follow the flow run to its end (progress per stage)")
     s.add_argument("--max-cells", type=int, help="allow a grid of up to this many cells (runner.max_cells)")
+    s.add_argument("--verbose", action="store_true", help="the flow run logs Prefect's and Dask's INFO lines")
     s.set_defaults(fn=served.cmd_submit)
     s = sub.add_parser("deploy", help="create the work pool and one deployment per experiment (served mode)")
     s.add_argument("--pool", default="kktlab-pool")

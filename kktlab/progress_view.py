@@ -34,8 +34,7 @@ class Bars:
             self.progress = Progress(
                 TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("cells"),
                 TaskProgressColumn(), TextColumn("elapsed {task.fields[elapsed]} ETA {task.fields[eta]}"),
-                TextColumn("{task.fields[extra]}"), console=self.console, transient=False,
-                redirect_stdout=False, redirect_stderr=False)
+                TextColumn("{task.fields[extra]}"), console=self.console, transient=False)
 
     def __enter__(self) -> "Bars":
         if self.progress is not None:

@@ -51,7 +51,7 @@ def cmd_submit(args) -> int:
 
     name = f"{FLOW_NAME}/{cfg.stages[0].experiment}"  # a chain runs under its first stage's deployment
     params = {"config_path": os.path.abspath(args.config), "store": os.path.abspath(cfg.store_path(args.store)),
-              "overrides": overrides, "force": args.force}
+              "overrides": overrides, "force": args.force, "verbose": args.verbose}
     try:
         run = run_deployment(name, parameters=params, timeout=0)
     except ObjectNotFound:

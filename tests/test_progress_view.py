@@ -75,3 +75,23 @@ def test_run_off_a_terminal_keeps_the_sweeps_own_lines():
     lines = out.getvalue().splitlines()
     assert lines[0].startswith("[kktlab] nets: cells 0/4 (0%)") and len(lines) == 4
     assert lines[-1].startswith("[kktlab] nets: cells 4/4 (100%)") and lines[-1].endswith("1 from cache, 1 failed")
+
+
+@pytest.mark.slow
+@pytest.mark.requires_services
+def test_run_is_quiet_prints_the_dashboard_once_and_tears_down_without_a_kill(cli, tmp_path, write_config):
+    """``kktlab run`` on a local cluster of 2 worker processes: no cluster INFO lines, no
+    jupyter-server-proxy hint, the dashboard address once, and the workers exit on their own (Dask's
+    warnings are let through here so that "still alive after 4.0 seconds, killing" would show)."""
+    cfg = write_config({"experiment": "nonrobust", "name": "quiet", "grid": {"d": [8], "seed": [0, 1]},
+                        "params": {"width": 8, "lr0": 0.01, "lr_period": 10, "target_loss": 1.0e-4},
+                        "runner": {"workers": 2, "bundle_size": 1}})
+    res = cli.run("run", cfg, "--store", tmp_path / "q.zarr", env={"DASK_LOGGING__DISTRIBUTED": "warning"},
+                  timeout=400)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-3000:]
+    assert "still alive" not in out and "killing" not in out, out[-3000:]
+    assert "jupyter-server-proxy" not in out and "distributed.scheduler" not in out, out[-3000:]
+    dash = [ln for ln in out.splitlines() if "Dask dashboard" in ln]
+    assert len(dash) == 1 and re.search(r"http://127\.0\.0\.1:\d+/status", dash[0]), dash
+    assert "[kktlab] quiet: cells 2/2 (100%)" in res.stderr
