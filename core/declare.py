@@ -107,3 +107,7 @@ class Experiment:
     # what the sweep loaded from the upstream cells (storage.query.load_nets for "nets").
     produces: tuple[str, ...] = ()
     reads: str | None = None
+    # False: ``run_bundle`` runs its cells one after another (each cell is its own batched problem,
+    # e.g. forging's estimators): nothing is padded, so a bundle may mix shapes and costs, and bundles
+    # are cut by summed cost, a few per worker (flows/bundles.py), not by the padding rule.
+    stacked: bool = True
