@@ -57,7 +57,9 @@ def task_runner(runner: dict):
     if kind == "address":
         return DaskTaskRunner(address=runner["address"])
     # deploy/worker_exit.py: a closed worker process exits at once (no forced kill after 4 s at teardown)
-    common = {"host": "127.0.0.1", "dashboard_address": "127.0.0.1:0", "preload": [WORKER_PRELOAD]}
+    # ($KKTLAB_WORKER_FAST_EXIT=0: the old teardown, for benchmarks/orchestration_overhead.py --served's "before")
+    fast_exit = os.environ.get("KKTLAB_WORKER_FAST_EXIT", "1") != "0"
+    common = {"host": "127.0.0.1", "dashboard_address": "127.0.0.1:0", **({"preload": [WORKER_PRELOAD]} if fast_exit else {})}
     if kind == "cuda":
         return DaskTaskRunner(cluster_class="dask_cuda.LocalCUDACluster",
                               cluster_kwargs={**common, "threads_per_worker": runner["threads_per_worker"],

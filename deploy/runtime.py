@@ -50,9 +50,14 @@ def quiet_logs(verbose: bool = False) -> None:
     The dashboard address is printed once by the sweep itself (flows/sweep.py)."""
     import logging
 
-    level = logging.INFO if verbose else logging.ERROR
-    for name in ("distributed", "distributed.http.proxy", "prefect.task_runner.dask"):
+    import distributed  # noqa: F401 - its import sets the 'distributed' level from Dask's config: first, then ours
+
+    # $DASK_LOGGING__DISTRIBUTED if the user set one (quiet_env sets "error" where not)
+    wanted = os.environ.get("DASK_LOGGING__DISTRIBUTED", "error").upper()
+    level = logging.INFO if verbose else max(logging.getLevelName(wanted) if wanted.isalpha() else 0, logging.WARNING)
+    for name in ("distributed", "prefect.task_runner.dask"):
         logging.getLogger(name).setLevel(level)
+    logging.getLogger("distributed.http.proxy").setLevel(logging.INFO if verbose else logging.ERROR)
 
 
 @contextlib.contextmanager

@@ -93,9 +93,6 @@ def watch(run_id, ui: str, no_worker_s: float = NO_WORKER_S, store: str | None =
         while True:
             run = client.read_flow_run(run_id)
             state = run.state
-            if state and state.name != last_state:
-                last_state = state.name
-                console.print(f"kktlab: flow run {run.name}: {state.name}", markup=False, highlight=False)
             # the sweep logs its progress lines to the root flow run (flows/progress.py): this one
             for log in client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])),
                                         sort=LogSort.TIMESTAMP_ASC):
@@ -103,6 +100,9 @@ def watch(run_id, ui: str, no_worker_s: float = NO_WORKER_S, store: str | None =
                 seen.add(log.id)
                 if event is not None:
                     bars.update(event)
+            if state and state.name != last_state:
+                last_state = state.name
+                console.print(f"kktlab: flow run {run.name}: {state.name}", markup=False, highlight=False)
             if state and state.is_final():
                 break
             if state and state.is_scheduled() and time.monotonic() - t0 > no_worker_s:
@@ -130,15 +130,13 @@ def _summaries(store: str, stages, console) -> None:
         rows = {row["group"]: row for row in status(store)}
         for stage in stages:
             row = rows.get(stage.name, {})
-            console.print(f"\n== {stage.experiment} / {stage.name}", markup=False, highlight=False)
-            console.print(summary(open_results(store, stage.name), variables=stage.exp.summary), markup=False,
-                          highlight=False)
+            table = summary(open_results(store, stage.name), variables=stage.exp.summary)
             failed = f", {row['failed']} failed" if row.get("failed") else ""
-            console.print(f"store: {store}  group: {stage.name}  cells: {row.get('done', '?')}/{row.get('total', '?')}"
-                          f" done{failed}", markup=False, highlight=False)
+            print(f"\n== {stage.experiment} / {stage.name}\n{table}\nstore: {store}  group: {stage.name}  cells: "
+                  f"{row.get('done', '?')}/{row.get('total', '?')} done{failed}", file=console.file, flush=True)
     except Exception as err:  # noqa: BLE001 - the run is done; its table is a courtesy
-        console.print(f"kktlab: the store {store} is not readable here ({type(err).__name__}: {err}); "
-                      "workers and this machine must share its filesystem", markup=False, highlight=False)
+        print(f"kktlab: the store {store} is not readable here ({type(err).__name__}: {err}); "
+              "workers and this machine must share its filesystem", file=console.file, flush=True)
 
 
 def cmd_deploy(args) -> int:
