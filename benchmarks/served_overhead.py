@@ -52,7 +52,7 @@ def _wait_worker(client, pool: str, timeout: float = 120) -> None:
     raise TimeoutError(f"no worker online in pool {pool}")
 
 
-def one_submission(config: pathlib.Path, store: pathlib.Path, env: dict, client) -> dict:
+def one_submission(config: pathlib.Path, store: pathlib.Path, env: dict, client, cells: int) -> dict:
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
     from prefect.client.schemas.sorting import LogSort
 
@@ -69,7 +69,11 @@ def one_submission(config: pathlib.Path, store: pathlib.Path, env: dict, client)
         time.sleep(0.5)
     assert run.state.is_completed(), run.state
     states = {s.type.value: s.timestamp.timestamp() for s in client.read_flow_run_states(run_id)}
-    logs = client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])), sort=LogSort.TIMESTAMP_ASC)
+    for _ in range(30):  # log lines may reach the server after the final state
+        logs = client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])), sort=LogSort.TIMESTAMP_ASC)
+        if any(f": cells {cells}/{cells} (" in log.message for log in logs):
+            break
+        time.sleep(0.5)
     progress = [log.timestamp.timestamp() for log in logs if re.search(r": cells \d+/\d+ \(", log.message)]
     dash = [log.timestamp.timestamp() for log in logs if "Dask dashboard" in log.message]
     t_sweep, t_last = progress[0], progress[-1]
@@ -107,7 +111,7 @@ def measure(tmp: str, repeats: int = 2, cells: int = 2, n_matmuls: int = 200) ->
                     _wait_worker(client, "bench")
                     runs = []
                     for i in range(repeats):
-                        runs.append(one_submission(config, tmp / f"{label}-{i}.zarr", env, client))
+                        runs.append(one_submission(config, tmp / f"{label}-{i}.zarr", env, client, cells))
                         print(label, {k: round(v, 2) for k, v in runs[-1].items()}, flush=True)
                     out["runs"][label] = runs
                 finally:

@@ -26,6 +26,7 @@ class Bars:
         self.live = self.console.is_terminal
         self.prefix, self.plain_every_s = prefix, plain_every_s
         self.tasks: dict[str, int] = {}
+        self.last_counts: dict[str, tuple[int, int]] = {}  # stage -> (done, total) of its last event
         self.last_plain: dict[str, tuple[float, tuple | None]] = {}
         self.progress = None
         if self.live:
@@ -50,6 +51,7 @@ class Bars:
             self.progress.stop()
 
     def update(self, event: Event) -> None:
+        self.last_counts[event.stage] = (event.done, event.total)
         if self.progress is None:
             return self._plain(event)
         fields = {"elapsed": hms(event.elapsed_s), "eta": hms(event.eta_s) if event.eta_s is not None else "?",

@@ -8,6 +8,7 @@ fails or crashes, or Ctrl-C stops the watching (the run goes on on the server)."
 
 from __future__ import annotations
 
+import datetime
 import os
 import sys
 import time
@@ -80,31 +81,34 @@ def watch(run_id, ui: str, no_worker_s: float = NO_WORKER_S, store: str | None =
     """Follow flow run ``run_id`` to its end: a live bar per stage from its progress log lines
     (plain lines when stdout is not a terminal), then each stage's summary table from ``store``."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
-    from prefect.client.schemas.sorting import LogSort
     from rich.console import Console
 
     from flows.progress import parse_line
     from kktlab.progress_view import Bars
 
-    t0, seen, last_state = time.monotonic(), set(), None
+    t0, seen, last_state, grace = time.monotonic(), {}, None, 0
     console = console or Console(file=sys.stdout)
     with get_client(sync_client=True) as client, Bars(console, plain_every_s=0.0, prefix="  ") as bars:
         while True:
             run = client.read_flow_run(run_id)
-            state = run.state
+            state = run.state if not grace else state  # after the end: only the last log lines
             # the sweep logs its progress lines to the root flow run (flows/progress.py): this one
-            for log in client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])),
-                                        sort=LogSort.TIMESTAMP_ASC):
-                event = parse_line(log.message) if log.id not in seen else None
-                seen.add(log.id)
+            for log in _new_logs(client, run_id, seen):
+                event = parse_line(log.message)
                 if event is not None:
                     bars.update(event)
-            if state and state.name != last_state:
+            # a run's last log lines may reach the server after its final state: wait for every stage's N/N
+            ended = state is not None and state.is_final() and (
+                not state.is_completed() or grace >= 5 or all(d >= n for d, n in bars.last_counts.values()))
+            if state and state.name != last_state and (ended or not state.is_final()):
                 last_state = state.name
                 console.print(f"kktlab: flow run {run.name}: {state.name}", markup=False, highlight=False)
-            if state and state.is_final():
+            if ended:
                 break
+            if state and state.is_final():
+                grace += 1
+                time.sleep(1.0)
+                continue
             if state and state.is_scheduled() and time.monotonic() - t0 > no_worker_s:
                 pool, live = _pool_has_live_worker(client, run.deployment_id)
                 if not live:
@@ -120,6 +124,30 @@ def watch(run_id, ui: str, no_worker_s: float = NO_WORKER_S, store: str | None =
     print(f"kktlab: error: the flow run ended {state.name}" + (f": {message[0][:300]}" if message else "") +
           f"; its logs: {ui}", file=sys.stderr)
     return 1
+
+
+PAGE = 200  # the API's default page of log lines
+
+
+def _new_logs(client, run_id, seen: dict) -> list:
+    """Log lines of flow run ``run_id`` not in ``seen`` (log id -> timestamp), oldest first, paged; only
+    the last minute's are asked for again (a night's sweep logs thousands of lines)."""
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId, LogFilterTimestamp
+    from prefect.client.schemas.sorting import LogSort
+
+    since = max(seen.values()) - datetime.timedelta(seconds=60) if seen else None
+    flt = LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id]),
+                    **({"timestamp": LogFilterTimestamp(after_=since)} if since else {}))
+    out, offset = [], 0
+    while True:
+        page = client.read_logs(flt, limit=PAGE, offset=offset, sort=LogSort.TIMESTAMP_ASC)
+        for log in page:
+            if log.id not in seen:
+                seen[log.id] = log.timestamp
+                out.append(log)
+        if len(page) < PAGE:
+            return out
+        offset += PAGE
 
 
 def _summaries(store: str, stages, console) -> None:

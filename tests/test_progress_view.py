@@ -95,3 +95,32 @@ def test_run_is_quiet_prints_the_dashboard_once_and_tears_down_without_a_kill(cl
     dash = [ln for ln in out.splitlines() if "Dask dashboard" in ln]
     assert len(dash) == 1 and re.search(r"http://127\.0\.0\.1:\d+/status", dash[0]), dash
     assert "[kktlab] quiet: cells 2/2 (100%)" in res.stderr
+
+
+@pytest.mark.requires_services
+def test_watch_reads_every_new_log_line_past_the_apis_page(prefect_server):
+    """A night's sweep logs more lines than one API page (200): --watch still gets each new one, once."""
+    import datetime
+    import uuid
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import LogCreate
+
+    from kktlab.served import PAGE, _new_logs
+
+    run_id, t0 = uuid.uuid4(), datetime.datetime.now(datetime.timezone.utc)
+    lines = [Event("nets", i, 450, float(i)).line().removeprefix("[kktlab] ") for i in range(451)]
+
+    def post(msgs, start):
+        client.create_logs([LogCreate(name="prefect.kktlab.progress", level=20, message=m, flow_run_id=run_id,
+                                      timestamp=t0 + datetime.timedelta(milliseconds=start + i))
+                            for i, m in enumerate(msgs)])
+
+    seen: dict = {}
+    with get_client(sync_client=True) as client:
+        post(lines[:450], 0)
+        first = _new_logs(client, run_id, seen)
+        post(lines[450:], 450)
+        second = _new_logs(client, run_id, seen)
+    assert len(first) == 450 > PAGE and [parse_line(log.message).done for log in first] == list(range(450))
+    assert [parse_line(log.message).done for log in second] == [450]
