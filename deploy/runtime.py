@@ -81,5 +81,11 @@ def prefect_api():
         with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
             yield server.api_url
     finally:
+        try:  # the flow's last log lines ("Finished in state ...") reach the server before it stops
+            from prefect.logging.handlers import APILogHandler
+
+            APILogHandler.flush()
+        except Exception:  # noqa: BLE001 - nothing to send, or the server is gone already
+            pass
         os.environ.pop("PREFECT_API_URL", None)
         server.stop()
