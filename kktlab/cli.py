@@ -146,15 +146,6 @@ def cmd_run(args) -> int:
     return 0
 
 
-def cmd_run_with_bars(args) -> int:
-    """``kktlab run`` with a live bar per stage on a terminal, the tables printed above them; off a
-    terminal the sweep prints its plain progress lines (kktlab/progress_view.py)."""
-    from kktlab.progress_view import terminal_bars
-
-    with terminal_bars():
-        return cmd_run(args)
-
-
 def _print_stage(cfg, store, report, stats, table: str) -> None:
     stats["damaged_recomputed"] = report.damaged
     print(f"\n== {cfg.experiment} / {cfg.name}")
@@ -180,6 +171,15 @@ def _say_how_far(cfgs, stores) -> None:
                 row = None
             got = f"{row['done']}/{row['total']} cells stored" if row else "no cells stored"
             print(f"kktlab: interrupted: {stage.name}: {got} in {store}; the same command resumes", file=sys.stderr)
+
+
+def cmd_run_with_bars(args) -> int:
+    """``kktlab run`` with a live bar per stage on a terminal, the tables printed above them; off a
+    terminal the sweep prints its plain progress lines (kktlab/progress_view.py)."""
+    from kktlab.progress_view import terminal_bars
+
+    with terminal_bars():
+        return cmd_run(args)
 
 
 def cmd_status(args) -> int:
