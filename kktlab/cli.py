@@ -97,6 +97,7 @@ def cmd_run(args) -> int:
     runtime.quiet_env(args.verbose)
     runtime.quiet_logs(args.verbose)
     from flows.sweep import open_store, run
+    from kktlab.progress_view import terminal_bars
     from storage.query import open_results, summary
 
     damaged = []  # per config: the verify report of each stage
@@ -126,7 +127,8 @@ def cmd_run(args) -> int:
                         print(f"[kktlab] {report.damaged} done cells are damaged; they are recomputed:",
                               file=sys.stderr)
                         print("\n".join(report.lines(SHOWN_DAMAGED)), file=sys.stderr)
-                ran = run(cfg, store, force=args.force, retry_failed=args.retry_failed)
+                with terminal_bars():  # live bars on a terminal (closed before the tables), else plain lines
+                    ran = run(cfg, store, force=args.force, retry_failed=args.retry_failed)
                 for stage, report, stats in zip(cfg.stages, reports, ran if isinstance(ran, list) else [ran]):
                     _print_stage(stage, store, report, stats, summary(open_results(store, stage.name),
                                                                       variables=stage.exp.summary))
@@ -171,15 +173,6 @@ def _say_how_far(cfgs, stores) -> None:
                 row = None
             got = f"{row['done']}/{row['total']} cells stored" if row else "no cells stored"
             print(f"kktlab: interrupted: {stage.name}: {got} in {store}; the same command resumes", file=sys.stderr)
-
-
-def cmd_run_with_bars(args) -> int:
-    """``kktlab run`` with a live bar per stage on a terminal, the tables printed above them; off a
-    terminal the sweep prints its plain progress lines (kktlab/progress_view.py)."""
-    from kktlab.progress_view import terminal_bars
-
-    with terminal_bars():
-        return cmd_run(args)
 
 
 def cmd_status(args) -> int:
@@ -290,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--json", help="write the run's statistics to this JSON file")
     r.add_argument("--max-cells", type=int, help="allow a grid of up to this many cells (runner.max_cells)")
     r.add_argument("--verbose", action="store_true", help="Prefect's and Dask's INFO logs (the local cluster's too)")
-    r.set_defaults(fn=cmd_run_with_bars)
+    r.set_defaults(fn=cmd_run)
     s = sub.add_parser("submit", help="queue a config's sweep on a Prefect server (served mode)")
     s.add_argument("config")
     s.add_argument("--store")
