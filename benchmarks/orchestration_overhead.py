@@ -18,7 +18,12 @@ With ``--cluster address`` the sweeps run on a persistent cluster (a ``dask sche
 ``dask worker`` processes started once, as in served mode), so the start-up left is the flow run's
 own; results go to ``results/orchestration_overhead_address.json``.
 
+With ``--served`` it measures instead the submit-to-done overhead of a served quickstart (a Prefect
+server already up, a worker polling), split into its parts, before and after issue 17's changes
+(benchmarks/served_overhead.py); results go to ``results/orchestration_overhead_served.json``.
+
     python benchmarks/orchestration_overhead.py [--workers 2] [--quick] [--cluster address]
+    python benchmarks/orchestration_overhead.py --served [--repeats 2]
 """
 
 from __future__ import annotations
@@ -141,8 +146,17 @@ def main(argv=None):
     ap.add_argument("--big", type=int, default=5000, help="cells of the large tiny-cell sweep")
     ap.add_argument("--cluster", choices=("local", "address"), default="local",
                     help="local: a LocalCluster per sweep (default); address: one persistent dask cluster")
+    ap.add_argument("--served", action="store_true", help="submit-to-done overhead of a served quickstart, in parts")
+    ap.add_argument("--repeats", type=int, default=2, help="--served: submissions per setup")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
+    if a.served:
+        from benchmarks import served_overhead
+
+        with tempfile.TemporaryDirectory() as tmp:
+            result = served_overhead.measure(tmp, repeats=a.repeats)
+        print(f"wrote {write('orchestration_overhead_served', result)}")
+        return
     sizes = [(0.1, 30), (1.0, 10)] if a.quick else [(0.1, 60), (1.0, 30), (10.0, 6)]
     with tempfile.TemporaryDirectory() as tmp:
         # a fresh result store: no cached bundle from an earlier run may stand in for work

@@ -99,6 +99,10 @@ class Experiment:
     spec_ids: tuple[str, ...] = ()
     # True if run_bundle takes ``checkpoint=PATH`` (a file to resume a killed bundle from).
     checkpoints: bool = False
+    # False: ``run_bundle`` runs its cells one after another (each cell is its own batched problem,
+    # e.g. forging's estimators): nothing is padded, so a bundle may mix shapes and costs, and bundles
+    # are cut by summed cost, a few per worker (flows/bundles.py), not by the padding rule.
+    stacked: bool = True
     # Variables of the terminal summary table (default: every scalar variable).
     summary: tuple[str, ...] = ()
     # Stages (flows/stages.py): what this experiment's cells leave in the store for a later stage

@@ -32,7 +32,12 @@ Torch uses one thread per worker process (``OMP_NUM_THREADS=1`` from the nanny p
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
+
 GPU_RESOURCE = {"GPU": 1}
+WORKER_PRELOAD = "deploy.worker_exit"
 
 
 def task_runner(runner: dict):
@@ -51,7 +56,10 @@ def task_runner(runner: dict):
 
     if kind == "address":
         return DaskTaskRunner(address=runner["address"])
-    common = {"host": "127.0.0.1", "dashboard_address": "127.0.0.1:0"}
+    # deploy/worker_exit.py: a closed worker process exits at once (no forced kill after 4 s at teardown)
+    # ($KKTLAB_WORKER_FAST_EXIT=0: the old teardown, for benchmarks/orchestration_overhead.py --served's "before")
+    fast_exit = os.environ.get("KKTLAB_WORKER_FAST_EXIT", "1") != "0"
+    common = {"host": "127.0.0.1", "dashboard_address": "127.0.0.1:0", **({"preload": [WORKER_PRELOAD]} if fast_exit else {})}
     if kind == "cuda":
         return DaskTaskRunner(cluster_class="dask_cuda.LocalCUDACluster",
                               cluster_kwargs={**common, "threads_per_worker": runner["threads_per_worker"],
@@ -85,3 +93,29 @@ def worker_count(runner: dict) -> int:
 def resources_for(device: str) -> dict | None:
     """Dask resource annotation for a bundle: GPU bundles only run on GPU workers."""
     return GPU_RESOURCE if device == "cuda" else None
+
+
+
+@contextlib.contextmanager
+def on_dashboard(callback):
+    """Call ``callback(url)`` when the flow's Dask task runner has started (or joined) its cluster and
+    knows the dashboard's address: prefect-dask logs it at INFO on ``prefect.task_runner.dask``;
+    that logger's lines reach the terminal only with ``--verbose`` ($KKTLAB_VERBOSE)."""
+    logger = logging.getLogger("prefect.task_runner.dask")
+
+    class Catch(logging.Handler):
+        def emit(self, record):
+            msg = record.getMessage()
+            if "dashboard is available at" in msg:
+                callback(msg.rsplit(" ", 1)[-1])
+
+    handler, old = Catch(), (logger.level, logger.propagate)
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = bool(os.environ.get("KKTLAB_VERBOSE"))
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old[0])
+        logger.propagate = old[1]

@@ -50,7 +50,7 @@ def worker_args(address: str, name: str | None = None, host: str = "127.0.0.1", 
                 n: int = 1) -> list[str]:
     """``n`` single-threaded worker processes (bundles are already batched tensor problems)."""
     args = [f"{BIN}/dask", "worker", address, "--host", host, "--nworkers", str(n), "--nthreads", "1",
-            "--dashboard-address", f"{host}:0"]
+            "--dashboard-address", f"{host}:0", "--preload", "deploy.worker_exit"]
     if name:
         args += ["--name", name]
     if gpu:
@@ -58,8 +58,8 @@ def worker_args(address: str, name: str | None = None, host: str = "127.0.0.1", 
     return args
 
 
-def prefect_server_args(host: str = "127.0.0.1", port: int = 4200) -> list[str]:
-    return [f"{BIN}/prefect", "server", "start", "--host", host, "--port", str(port), "--no-ui"]
+def prefect_server_args(host: str = "127.0.0.1", port: int = 4200, ui: bool = False) -> list[str]:
+    return [f"{BIN}/prefect", "server", "start", "--host", host, "--port", str(port), *([] if ui else ["--no-ui"])]
 
 
 def start(args: list[str], log_path, env: dict | None = None) -> subprocess.Popen:
@@ -105,13 +105,13 @@ def wait_workers(address: str, n: int, timeout: float = 60) -> None:
         c.wait_for_workers(n, timeout=timeout)
 
 
-def prefect_server(home, port: int, log_path) -> tuple[subprocess.Popen, dict]:
-    """A ``prefect server start`` on 127.0.0.1:``port`` with its own ``PREFECT_HOME``; returns
-    the process and the environment a client or worker needs to reach it."""
+def prefect_server(home, port: int, log_path, ui: bool = False) -> tuple[subprocess.Popen, dict]:
+    """A ``prefect server start`` on 127.0.0.1:``port`` with its own ``PREFECT_HOME`` (and its web UI
+    if ``ui``); returns the process and the environment a client or worker needs to reach it."""
     env = {"PREFECT_HOME": str(home), "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
            "PREFECT_UI_API_URL": f"http://127.0.0.1:{port}/api", "PREFECT_WORKER_QUERY_SECONDS": "1",
            "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1"}
-    proc = start(prefect_server_args(port=port), log_path, env)
+    proc = start(prefect_server_args(port=port, ui=ui), log_path, env)
     wait_http(f"http://127.0.0.1:{port}/api/health")
     return proc, env
 

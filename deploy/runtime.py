@@ -31,10 +31,33 @@ QUIET_ENV = {
 }
 
 
-def quiet_env() -> None:
-    """Set the offline/quiet defaults (never overrides what the user set)."""
+VERBOSE_ENV = {"PREFECT_LOGGING_LEVEL": "INFO", "DASK_LOGGING__DISTRIBUTED": "info"}
+
+
+def quiet_env(verbose: bool = False) -> None:
+    """Set the offline/quiet defaults (never overrides what the user set); ``verbose`` (``--verbose``):
+    Prefect's and Dask's INFO logs as they come out of the box."""
+    if verbose:
+        os.environ.update(VERBOSE_ENV, KKTLAB_VERBOSE="1")
     for k, v in QUIET_ENV.items():
         os.environ.setdefault(k, v)
+
+
+def quiet_logs(verbose: bool = False) -> None:
+    """The same, for loggers already configured (a flow run started by a Prefect worker imported
+    Dask and Prefect before the flow could set the environment): the local cluster's ~45 INFO lines,
+    the jupyter-server-proxy hint and prefect-dask's cluster lines are hidden unless ``verbose``.
+    The dashboard address is printed once by the sweep itself (flows/sweep.py)."""
+    import logging
+
+    import distributed  # noqa: F401 - its import sets the 'distributed' level from Dask's config: first, then ours
+
+    # $DASK_LOGGING__DISTRIBUTED if the user set one (quiet_env sets "error" where not)
+    wanted = os.environ.get("DASK_LOGGING__DISTRIBUTED", "error").upper()
+    level = logging.INFO if verbose else max(logging.getLevelName(wanted) if wanted.isalpha() else 0, logging.WARNING)
+    for name in ("distributed", "prefect.task_runner.dask"):
+        logging.getLogger(name).setLevel(level)
+    logging.getLogger("distributed.http.proxy").setLevel(logging.INFO if verbose else logging.ERROR)
 
 
 @contextlib.contextmanager
@@ -58,5 +81,11 @@ def prefect_api():
         with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
             yield server.api_url
     finally:
+        try:  # the flow's last log lines ("Finished in state ...") reach the server before it stops
+            from prefect.logging.handlers import APILogHandler
+
+            APILogHandler.flush()
+        except Exception:  # noqa: BLE001 - nothing to send, or the server is gone already
+            pass
         os.environ.pop("PREFECT_API_URL", None)
         server.stop()

@@ -21,6 +21,10 @@ def make_bundles(exp: Experiment, cells: list[tuple[tuple, dict]], bundle_size: 
     for item in cells:
         groups[exp.bundle_key(item[1])].append(item)
     bundles = []
+    if not exp.stacked:
+        for key in sorted(groups, key=repr):
+            bundles += _sequential(exp, groups[key], bundle_size, workers)
+        return bundles
     for key in sorted(groups, key=repr):
         items = sorted(groups[key], key=lambda it: (exp.cost(it[1]), it[0]))
         size = max(1, min(bundle_size, math.ceil(len(items) / max(workers, 1))))
@@ -36,6 +40,26 @@ def make_bundles(exp: Experiment, cells: list[tuple[tuple, dict]], bundle_size: 
             peak = max(peak, mem)
         if current:
             bundles.append(current)
+    return bundles
+
+
+BUNDLES_PER_WORKER = 4  # cells run one after another: a few bundles per worker balance the load and move the bar
+
+
+def _sequential(exp: Experiment, items: list, bundle_size: int, workers: int) -> list[list]:
+    """Cells that a bundle runs one after another (``exp.stacked`` False): contiguous runs of the
+    grid order (readable task names), ``BUNDLES_PER_WORKER`` per worker or more where
+    ``bundle_size`` asks, cut where the summed cost passes each equal share of the total."""
+    k = min(len(items), max(BUNDLES_PER_WORKER * max(workers, 1), math.ceil(len(items) / bundle_size)))
+    costs = [max(float(exp.cost(cell)), 0.0) for _, cell in items]
+    share, total = sum(costs) / k if k else 0.0, 0.0
+    bundles: list[list] = [[]]
+    for item, c in zip(items, costs):
+        share_reached = len(bundles) < k and total >= share * len(bundles)  # cumulative cost past the i-th share
+        if bundles[-1] and (len(bundles[-1]) >= bundle_size or share_reached):
+            bundles.append([])
+        bundles[-1].append(item)
+        total += c
     return bundles
 
 

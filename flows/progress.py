@@ -6,17 +6,79 @@ artifacts of that run under stable keys (``kktlab-<store>-<stage>`` markdown tex
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import logging
 import pathlib
 import re
 import sys
 import time
+from typing import Callable
 
 
-def _fmt(seconds: float) -> str:
+def hms(seconds: float) -> str:
     seconds = int(max(seconds, 0))
     h, rem = divmod(seconds, 3600)
     return f"{h:d}:{rem // 60:02d}:{rem % 60:02d}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+    """One stage's progress as users see it (what a progress line says)."""
+
+    stage: str
+    done: int
+    total: int
+    elapsed_s: float
+    eta_s: float | None = None
+    cached: int = 0
+    failed: int = 0
+
+    @property
+    def percent(self) -> float:
+        return 100.0 * self.done / self.total if self.total else 100.0
+
+    def line(self) -> str:
+        """``[kktlab] nets: cells 12/40 (30%) elapsed 0:00:12 ETA 0:00:28, 4 from cache, 1 failed``."""
+        extra = "".join(f", {n} {what}" for n, what in ((self.cached, "from cache"), (self.failed, "failed")) if n)
+        eta = hms(self.eta_s) if self.eta_s is not None else "?"
+        return (f"[kktlab] {self.stage}: cells {self.done}/{self.total} ({self.percent:.0f}%) "
+                f"elapsed {hms(self.elapsed_s)} ETA {eta}{extra}")
+
+
+_LINE = re.compile(r"(?:\[kktlab\] )?(?P<stage>.+?): cells (?P<done>\d+)/(?P<total>\d+) \(\d+%\) "
+                   r"elapsed (?P<elapsed>[\d:]+) ETA (?P<eta>[\d:]+|\?)"
+                   r"(?:, (?P<cached>\d+) from cache)?(?:, (?P<failed>\d+) failed)?\s*$")
+
+
+def _seconds(text: str) -> float:
+    h, m, s = (int(x) for x in text.split(":"))
+    return 3600.0 * h + 60.0 * m + s
+
+
+def parse_line(text: str) -> Event | None:
+    """The :class:`Event` a progress line (a Prefect log message or a terminal line) says; None for
+    any other text. ``parse_line(e.line()) == e`` up to whole seconds."""
+    m = _LINE.match(text.strip())
+    if not m:
+        return None
+    return Event(m["stage"], int(m["done"]), int(m["total"]), _seconds(m["elapsed"]),
+                 None if m["eta"] == "?" else _seconds(m["eta"]), int(m["cached"] or 0), int(m["failed"] or 0))
+
+
+# where each progress event also goes (``kktlab run`` in a terminal: live bars, kktlab/progress_view.py);
+# while any sink is set, the plain terminal lines are not printed (the log lines and artifacts still are)
+_SINKS: list[Callable[[Event], None]] = []
+
+
+@contextlib.contextmanager
+def sink(fn: Callable[[Event], None]):
+    """Send every progress event of this process to ``fn`` while the block runs."""
+    _SINKS.append(fn)
+    try:
+        yield fn
+    finally:
+        _SINKS.remove(fn)
 
 
 def artifact_key(store: str, stage: str) -> str:
@@ -44,6 +106,17 @@ def _api_logger() -> logging.Logger:
         logger.propagate = False
         logger.setLevel(logging.INFO)
     return logger
+
+
+def announce(line: str, stream=None) -> None:
+    """One ``[kktlab] line`` on the terminal and in the root flow run's logs (e.g. the Dask dashboard)."""
+    print(f"[kktlab] {line}", file=stream or sys.stderr, flush=True)
+    run_id = _root_flow_run_id()
+    if run_id:
+        try:
+            _api_logger().info(line, extra={"flow_run_id": run_id})
+        except Exception:  # noqa: BLE001 - the UI is best effort
+            pass
 
 
 def flush_logs() -> None:
@@ -94,11 +167,12 @@ class Progress:
         rate = (time.monotonic() - self.t0) / new
         return rate * (self.total - self.done)
 
+    def event(self) -> Event:
+        return Event(self.label, self.done, self.total, time.monotonic() - self.t0, self.eta(), self.cached,
+                     self.failed)
+
     def line(self) -> str:
-        eta = self.eta()
-        extra = "".join(f", {n} {what}" for n, what in ((self.cached, "from cache"), (self.failed, "failed")) if n)
-        return (f"[kktlab] {self.label}: cells {self.done}/{self.total} ({self.percent:.0f}%) "
-                f"elapsed {_fmt(time.monotonic() - self.t0)} ETA {_fmt(eta) if eta is not None else '?'}{extra}")
+        return self.event().line()
 
     def advance(self, n: int, cached: int = 0, failed: int = 0) -> None:
         self.done += n
@@ -108,11 +182,18 @@ class Progress:
 
     def emit(self, force: bool = False) -> None:
         now = time.monotonic()
+        event = self.event()
+        for fn in list(_SINKS):  # live bars: every event
+            try:
+                fn(event)
+            except Exception:  # noqa: BLE001 - a display never stops a sweep
+                pass
         if not force and now - self.last < self.every_s:
             return
         self.last = now
-        line = self.line()
-        print(line, file=self.stream, flush=True)
+        line = event.line()
+        if not _SINKS:
+            print(line, file=self.stream, flush=True)
         if self.run_id:
             self._to_prefect(line, force or now - self.last_artifact >= self.artifact_every_s)
 

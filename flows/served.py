@@ -13,13 +13,16 @@ FLOW_NAME = "kktlab-submit"
 
 
 @flow(name=FLOW_NAME, log_prints=True, validate_parameters=False)
-def submit(config_path: str, store: str | None = None, overrides: dict | None = None, force: bool = False) -> dict:
-    """Run the sweep of ``config_path`` (with top-level ``overrides``) into ``store``."""
+def submit(config_path: str, store: str | None = None, overrides: dict | None = None, force: bool = False,
+           verbose: bool = False) -> dict:
+    """Run the sweep of ``config_path`` (with top-level ``overrides``) into ``store``; ``verbose``
+    (``kktlab submit --verbose``): the local cluster's and prefect-dask's INFO lines in the logs."""
     from deploy import runtime
     from flows import config as config_mod
     from flows.sweep import run
 
-    runtime.quiet_env()
+    runtime.quiet_env(verbose)
+    runtime.quiet_logs(verbose)
     cfg = config_mod.load(config_path, overrides or {})
     path = cfg.store_path(store)
     stats = run(cfg, path, force=force)

@@ -94,8 +94,10 @@ def cmd_run(args) -> int:
         check_scheduler(address)
     from deploy import runtime
 
-    runtime.quiet_env()
+    runtime.quiet_env(args.verbose)
+    runtime.quiet_logs(args.verbose)
     from flows.sweep import open_store, run
+    from kktlab.progress_view import terminal_bars
     from storage.query import open_results, summary
 
     for cfg, store in zip(cfgs, stores):
@@ -113,7 +115,8 @@ def cmd_run(args) -> int:
                     print(f"[kktlab] {stage.experiment} '{stage.name}': {stage.n_cells} cells -> {store}",
                           file=sys.stderr)
                 # damaged cells are found (once) and named when each stage is planned (flows/sweep.py::plan)
-                ran = run(cfg, store, force=args.force, retry_failed=args.retry_failed)
+                with terminal_bars():  # live bars on a terminal (closed before the tables), else plain lines
+                    ran = run(cfg, store, force=args.force, retry_failed=args.retry_failed)
                 for stage, stats in zip(cfg.stages, ran if isinstance(ran, list) else [ran]):
                     _print_stage(stage, store, stats, summary(open_results(store, stage.name),
                                                               variables=stage.exp.summary))
@@ -266,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--retry-failed", action="store_true", help="compute cells stored as failed again")
     r.add_argument("--json", help="write the run's statistics to this JSON file")
     r.add_argument("--max-cells", type=int, help="allow a grid of up to this many cells (runner.max_cells)")
+    r.add_argument("--verbose", action="store_true", help="Prefect's and Dask's INFO logs (the local cluster's too)")
     r.set_defaults(fn=cmd_run)
     s = sub.add_parser("submit", help="queue a config's sweep on a Prefect server (served mode)")
     s.add_argument("config")
@@ -274,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--force", action="store_true")
     s.add_argument("--watch", action="store_true", help="follow the flow run to its end (progress per stage)")
     s.add_argument("--max-cells", type=int, help="allow a grid of up to this many cells (runner.max_cells)")
+    s.add_argument("--verbose", action="store_true", help="the flow run logs Prefect's and Dask's INFO lines")
     s.set_defaults(fn=served.cmd_submit)
     s = sub.add_parser("deploy", help="create the work pool and one deployment per experiment (served mode)")
     s.add_argument("--pool", default="kktlab-pool")

@@ -8,8 +8,10 @@ linreg), the paper's bounds at that eps, and the nullity r of M0 at x*. Exponent
 Fig 1 (F000-1) is the separate experiment ``forging_sgd`` (flows/experiments/forging_sgd.py).
 
 Cells are independent and cheap; the stacking that matters (thousands of candidate points per
-gradient call, 10 repetitions per tensor) happens inside each estimator, so bundles are just
-lists of cells run one after the other.
+gradient call, 10 repetitions per tensor) happens inside each estimator (cells of different eps,
+d or estimator do not share tensors), so bundles are just lists of cells run one after the other
+(``stacked=False``): any cells share a bundle, a few bundles per worker, cut by summed cost, so a
+144-cell sweep is a handful of task runs (issue 17), each cell's numbers as when run alone.
 """
 
 from __future__ import annotations
@@ -146,6 +148,7 @@ EXPERIMENT = register(Experiment(
     description="log volume of the eps-forging set: exact (linreg), naive MC, subset simulation (+ importance "
                 "sampling), nested sampling; bounds, nullity",
     params=P, variables=V, run_bundle=run_bundle, cost=cell_cost, check=check,
+    stacked=False, bundle_key=lambda cell: (),  # any cells share a bundle, run one after another
     summary=("log_volume", "log_volume_stderr", "log_volume_exact", "log_bound", "n_gradient_evals", "nullity",
              "status"),
     spec_ids=("F000-3", "F000-4", "F000-5", "F000-6", "P000-2", "P000-3", "P000-4", "P000-5", "P000-6", "P000-8",
