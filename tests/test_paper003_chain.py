@@ -11,7 +11,6 @@ import math
 
 import numpy as np
 import pytest
-import torch
 
 from core.errors import ConfigError
 from flows import config

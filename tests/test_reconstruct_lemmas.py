@@ -4,7 +4,6 @@ the split budgets of Thms 5/8/9, App D's algebra and its failure under retrainin
 
 from __future__ import annotations
 
-import math
 
 import pytest
 import torch
