@@ -6,11 +6,27 @@ variables, bundle key, cost) and wires its ``run_bundle`` to a pure cell functio
 
 from __future__ import annotations
 
+import functools
+import time
+
 from core.declare import REQUIRED, Cell, Experiment, Param, Result, Var
 
-__all__ = ["REQUIRED", "Cell", "Experiment", "Param", "Result", "Var", "EXPERIMENTS", "register", "get", "names"]
+__all__ = ["REQUIRED", "Cell", "Experiment", "Param", "Result", "Var", "EXPERIMENTS", "register", "get", "names",
+           "timed"]
 
 EXPERIMENTS: dict[str, Experiment] = {}
+
+
+def timed(run_bundle):
+    """``run_bundle`` whose cells each get ``wall_s``: the bundle's wall time divided by its cells."""
+    @functools.wraps(run_bundle)
+    def run(cells: list[Cell], *args, **kwargs) -> list[Result]:
+        t0 = time.perf_counter()
+        out = run_bundle(cells, *args, **kwargs)
+        wall = (time.perf_counter() - t0) / max(len(cells), 1)
+        return [dict(res, wall_s=wall) for res in out]
+
+    return run
 
 
 def register(exp: Experiment) -> Experiment:

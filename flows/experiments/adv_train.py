@@ -5,9 +5,8 @@ only (``tasks/cells/adv_train.py``); data as in ``lazy_train``."""
 
 from __future__ import annotations
 
-import time
 
-from flows.experiments import Experiment, Param, Var, register
+from flows.experiments import Experiment, Param, Var, register, timed
 from flows.experiments import lazy_train as lazy
 from flows.bundles import memory_budget
 from tasks.attacks import chunk_for
@@ -67,14 +66,13 @@ def bundle_key(cell: dict) -> tuple:
     return tuple(sorted((k, v) for k, v in cell.items() if k not in ("seed", "V", "R")))
 
 
+@timed
 def run_bundle(cells: list[dict], device: str = "auto") -> list[dict]:
-    t0 = time.perf_counter()
     X, y, Xt, yt, prov = lazy.load_data(cells[0])
     dev = lazy.device_of(device)
     chunk = chunk_for(len(cells), cells[0]["m"], memory_budget(dev.type, 1), 6)  # spec §7: chunk the PGD
     out = cell_fn.run(cells, X, y, Xt, yt, dev, chunk=min(chunk, 4096))
-    wall = (time.perf_counter() - t0) / len(cells)
-    return [dict(res, wall_s=wall, **prov) for res in out]
+    return [dict(res, **prov) for res in out]
 
 
 EXPERIMENT = register(Experiment(

@@ -13,12 +13,11 @@ gives a reading stage (or ``kktlab.load_nets``) X, y, X_test, y_test and W0 back
 
 from __future__ import annotations
 
-import time
 
 import torch
 
 from core.errors import ConfigError
-from flows.experiments import Experiment, Param, Var, register
+from flows.experiments import Experiment, Param, Var, register, timed
 from storage import datasets
 from tasks.cells import lazy_train as cell_fn
 from tasks.data.images import RESAMPLE, VARIANTS, side, stratified_split
@@ -181,12 +180,11 @@ def rebuild(cell: dict, read) -> dict:
     return {"X": X.numpy(), "y": y.numpy(), "X_test": Xt.numpy(), "y_test": yt.numpy(), "W0": W0.double().numpy()}
 
 
+@timed
 def run_bundle(cells: list[dict], device: str = "auto") -> list[dict]:
-    t0 = time.perf_counter()
     X, y, Xt, yt, prov = load_data(cells[0])
     out = cell_fn.run(cells, X, y, Xt, yt, device_of(device))
-    wall = (time.perf_counter() - t0) / len(cells)
-    return [dict(res, wall_s=wall, **prov) for res in out]
+    return [dict(res, **prov) for res in out]
 
 
 EXPERIMENT = register(Experiment(

@@ -5,12 +5,11 @@ paper's step ``2.5 R/T2``. By default each net is attacked at the budget it was 
 
 from __future__ import annotations
 
-import time
 
 import torch
 
 from core.errors import UserError
-from flows.experiments import Experiment, Param, Var, register
+from flows.experiments import Experiment, Param, Var, register, timed
 from flows.bundles import memory_budget
 from tasks.attacks import chunk_for
 from tasks.cells import pgd as cell_fn
@@ -45,8 +44,8 @@ V = {
 }
 
 
+@timed
 def run_bundle(cells: list[dict], device: str = "auto", inputs=None) -> list[dict]:
-    t0 = time.perf_counter()
     n = inputs
     ex = n.extra
     if cells[0]["budget"] == "train":
@@ -57,12 +56,8 @@ def run_bundle(cells: list[dict], device: str = "auto", inputs=None) -> list[dic
     else:
         R = torch.tensor([float(c["R"]) for c in cells], dtype=torch.float64)
     chunk = cells[0]["chunk"] or chunk_for(len(cells), int(n.W.shape[1]), memory_budget("cpu", 1), PGD_BLOCKS)
-    out = cell_fn.attack(n.W, n.b, n.v, ex["X_test"], ex["y_test"], ex["n_test_used"].long(), R,
+    return cell_fn.attack(n.W, n.b, n.v, ex["X_test"], ex["y_test"], ex["n_test_used"].long(), R,
                          [dict(c, chunk=chunk) for c in cells])
-    wall = (time.perf_counter() - t0) / len(cells)
-    for res in out:
-        res["wall_s"] = wall
-    return out
 
 
 def bundle_key(cell: dict) -> tuple:

@@ -12,9 +12,8 @@ and the candidate itself (dims candidate, feature: one chunk per cell).
 
 from __future__ import annotations
 
-import time
 
-from flows.experiments import Experiment, Param, Var, register
+from flows.experiments import Experiment, Param, Var, register, timed
 from tasks.cells import reconstruct as cell_fn
 from tasks.reconstruct import INITS, OBJECTIVES
 from tasks.reconstruct.attack import DIVERGED, DONE
@@ -86,20 +85,16 @@ def cost(cell: dict) -> float:
     return float(cell["n_candidates"] * cell["steps"])
 
 
+@timed
 def run_bundle(cells: list[dict], device: str = "auto", inputs=None) -> list[dict]:
     """``inputs``: the upstream nets of ``cells``, in order (storage.nets.Nets), float64 on the CPU."""
     import torch
 
-    t0 = time.perf_counter()
     n = inputs
     dev = "cuda" if device in ("auto", "cuda") and torch.cuda.is_available() else "cpu"
     if dev == "cuda":  # float64 throughout; never TF32 on a side path (X004-3)
         torch.backends.cuda.matmul.allow_tf32 = False
-    out = cell_fn.run(n.W, n.b, n.v, n.X, n.y, n.mask, n.d, n.m, n.width, cells, device=dev)
-    wall = (time.perf_counter() - t0) / len(cells)
-    for res in out:
-        res["wall_s"] = wall
-    return out
+    return cell_fn.run(n.W, n.b, n.v, n.X, n.y, n.mask, n.d, n.m, n.width, cells, device=dev)
 
 
 EXPERIMENT = register(Experiment(

@@ -5,11 +5,10 @@ upstream's ``test_sample`` dim). Declaration and wiring only (``tasks/cells/sing
 
 from __future__ import annotations
 
-import time
 
 import torch
 
-from flows.experiments import Experiment, Param, Var, register
+from flows.experiments import Experiment, Param, Var, register, timed
 from flows.bundles import memory_budget
 from tasks.attacks import STEP_ATTACKS, chunk_for
 from tasks.cells import single_step as cell_fn
@@ -42,20 +41,16 @@ V["sqrt_d"] = Var("1", "sqrt of the net's input dimension", finite=True)
 V["wall_s"] = Var("s", "bundle wall time divided by its cells", finite=True)
 
 
+@timed
 def run_bundle(cells: list[dict], device: str = "auto", inputs=None) -> list[dict]:
     """``inputs``: the upstream nets (storage.nets.Nets with extras W0, X_test, y_test, n_test_used).
     Float64 on the CPU (spec §7: fp64 cumulative sums; the CPU oracle)."""
-    t0 = time.perf_counter()
     n = inputs
     ex = n.extra
     C0 = torch.tensor([float(c.get("C0", "nan")) for c in n.cells], dtype=torch.float64)
     V_nom = C0 / torch.sqrt(n.width.double())
-    out = cell_fn.attack(n.W, n.b, n.v, ex["W0"], ex["X_test"], ex["y_test"], ex["n_test_used"].long(), V_nom,
+    return cell_fn.attack(n.W, n.b, n.v, ex["W0"], ex["X_test"], ex["y_test"], ex["n_test_used"].long(), V_nom,
                          cells, cells[0]["chunk"] or chunk_for(len(cells), int(n.W.shape[1]), memory_budget("cpu", 1)))
-    wall = (time.perf_counter() - t0) / len(cells)
-    for res in out:
-        res["wall_s"] = wall
-    return out
 
 
 def bundle_key(cell: dict) -> tuple:

@@ -12,12 +12,11 @@ reads both. Declaration and wiring only; the maths is ``tasks/cells/train_kkt.py
 
 from __future__ import annotations
 
-import time
 
 import torch
 
 from core.errors import ConfigError
-from flows.experiments import Experiment, Param, Var, register
+from flows.experiments import Experiment, Param, Var, register, timed
 from flows.experiments import nonrobust
 from flows.experiments import train as train_exp
 from tasks.cells import train_kkt as cell_fn
@@ -79,16 +78,13 @@ def memory(cell: dict) -> float:
     return float(8 * (cell["m"] * cell["d"] + 4 * cell["width"] * cell["d"] + 4 * cell["m"] * cell["width"]))
 
 
+@timed
 def run_bundle(cells: list[dict], device: str = "auto") -> list[dict]:
     """Train on ``device`` (auto: CUDA when visible; TF32 off), store float64 CPU nets."""
-    t0 = time.perf_counter()
     dev = nonrobust.resolve_device(device)
     if dev.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False
-    out = cell_fn.train_cells(cells, dev)
-    for res in out:
-        res["wall_s"] = (time.perf_counter() - t0) / len(cells)
-    return out
+    return cell_fn.train_cells(cells, dev)
 
 
 EXPERIMENT = register(Experiment(

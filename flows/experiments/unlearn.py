@@ -16,9 +16,8 @@ parameter, e.g. a paper-002 ``train`` stage has no mu_a).
 
 from __future__ import annotations
 
-import time
 
-from flows.experiments import Experiment, Param, Var, register
+from flows.experiments import Experiment, Param, Var, register, timed
 from tasks.cells import unlearn as cell_fn
 from tasks.data.mixture import SCALINGS
 from tasks.unlearn import METHODS
@@ -115,15 +114,12 @@ def bundle_key(cell: dict) -> tuple:
     return tuple(sorted((k, v) for k, v in cell.items() if k != "alpha"))
 
 
+@timed
 def run_bundle(cells: list[dict], device: str = "auto", inputs=None) -> list[dict]:
     """``inputs``: the upstream nets of ``cells``, in order (storage.nets.Nets), float64 on the CPU."""
-    t0 = time.perf_counter()
     n = inputs
     keys = [repr(sorted(c.items())) for c in n.cells]
-    out = cell_fn.unlearn(n.W, n.v, n.X, n.y, n.mask, n.d, n.m, n.width, n.rng_state, keys, cells)
-    for res in out:
-        res["wall_s"] = (time.perf_counter() - t0) / len(cells)
-    return out
+    return cell_fn.unlearn(n.W, n.v, n.X, n.y, n.mask, n.d, n.m, n.width, n.rng_state, keys, cells)
 
 
 EXPERIMENT = register(Experiment(
