@@ -166,10 +166,11 @@ def _inherited(f: str, st: dict, cfg: config_mod.Config, source: str, up: config
     for mine, theirs in cfg.exp.inherits.items():
         if theirs not in up.exp.params:
             continue
-        for part in ("params", "grid"):
-            if mine in (st.get(part) or {}):
-                raise ConfigError(f"{f}.{part}.{mine}", f"is taken from each cell of stage {source!r} (its "
-                                  f"{theirs!r}, experiment '{up.exp.name}'); set {theirs!r} there, not here")
+        where = [f"{part}.{mine}" for part in ("params", "grid") if mine in (st.get(part) or {})]
+        where += [f"grid.{axis}" for axis, by_value in cfg.cases.items() if any(mine in o for o in by_value.values())]
+        if where:
+            raise ConfigError(f"{f}.{where[0]}", f"sets {mine!r}, which is taken from each cell of stage {source!r} "
+                              f"(its {theirs!r}, experiment '{up.exp.name}'); set {theirs!r} there, not here")
         cfg.params.pop(mine, None)
 
 

@@ -220,8 +220,10 @@ def _file_set(name: str, root: str, stamp: tuple) -> tuple[np.ndarray, np.ndarra
         x, y, sha = _mnist_raw(base / "mnist", name.split("-")[1])
         return x.reshape(-1, 28, 28), y, 255.0, int(sha[:15], 16)
     if name == "digits":
-        from sklearn.datasets import load_digits
-
+        try:
+            from sklearn.datasets import load_digits
+        except ImportError as err:
+            raise DataError(f"the digits data set needs scikit-learn ({err})") from None
         ds = load_digits()
         h = hashlib.sha256(ds.images.astype(np.float64).tobytes() + ds.target.astype(np.int64).tobytes())
         return ds.images, ds.target.astype(np.int64), 16.0, int(h.hexdigest()[:15], 16)
@@ -235,10 +237,20 @@ def checksum60(name: str, root: pathlib.Path | None = None) -> int:
     return _file_set(name, str(root), _stamp(name, root))[3]
 
 
+COUNTS01 = {"mnist-train": MNIST01_COUNTS["train"], "mnist-test": MNIST01_COUNTS["test"], "digits": DIGITS01_COUNTS}
+
+
 def positions(name: str, labels: tuple[int, ...], root: pathlib.Path | None = None) -> np.ndarray:
-    """Indices (file order) of the rows of ``name`` whose label is in ``labels``."""
+    """Indices (file order) of the rows of ``name`` whose label is in ``labels``; the 0/1 subsets
+    are checked against their known counts (spec 003 §2.5, §5.3)."""
     root = root or shared_data_dir()
-    return np.flatnonzero(np.isin(_file_set(name, str(root), _stamp(name, root))[1], labels)).astype(np.int64)
+    lab = _file_set(name, str(root), _stamp(name, root))[1]
+    if tuple(labels) == (0, 1) and name in COUNTS01:
+        got = (int((lab == 0).sum()), int((lab == 1).sum()))
+        if got != COUNTS01[name]:
+            raise DataError(f"'{name}' in {root}: {got[0]} zeros and {got[1]} ones, expected {COUNTS01[name]} "
+                            "(spec 003 §2.5 / §5.3); the files are not the standard ones")
+    return np.flatnonzero(np.isin(lab, labels)).astype(np.int64)
 
 
 def file_rows(name: str, indices, checksum: int, root: pathlib.Path | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -101,7 +101,7 @@ def _rebuilt(g: zarr.Group, indices, cells, labels, problems, rebuild) -> list[d
             continue
         try:
             got = rebuild(cells[e], lambda name, idx=idx: np.asarray(g[name][idx]))
-        except (UserError, OSError, ValueError) as err:
+        except (UserError, OSError, ValueError, KeyError, ImportError) as err:  # e.g. a group older than its rebuild
             problems[e] = f"the data of upstream cell ({labels[e]}) cannot be rebuilt: {err}"
             got = {}
         out.append({k: np.asarray(v, dtype=np.float64) for k, v in got.items()})
@@ -141,6 +141,7 @@ def load_nets_at(path: str | pathlib.Path, group: str, indices: list[tuple[int, 
         if rebuild is None and not problems[e] and "data_index" in g and int(g["data_index"][idx + (0,)]) >= 0:
             problems[e] = (f"upstream cell ({labels[e]}) keeps its training set as indices into a data file: "
                            "load it with kktlab.load_nets")
+    rebuilt = _rebuilt(g, indices, cells, labels, problems, rebuild) if rebuild else [{} for _ in indices]
     size = {n: np.array([int(g[n][tuple(idx)]) for idx in indices], dtype=np.int64)
             for n in ("d_used", "m_used", "width_used")}
     ok = [i for i, p in enumerate(problems) if not p]
@@ -154,8 +155,7 @@ def load_nets_at(path: str | pathlib.Path, group: str, indices: list[tuple[int, 
         for name, shape in cut.items():
             if name in g:
                 out[name][e] = g[name][idx + tuple(slice(0, s) for s in shape)]
-    rebuilt = _rebuilt(g, indices, cells, labels, problems, rebuild) if rebuild else [{} for _ in indices]
-    for e in (i for i in ok if not problems[i]):
+    for e in ok:
         for name, a in rebuilt[e].items():
             if name in out:  # zero-padded past the cell's own sizes, as stored nets are
                 out[name][e] = 0.0

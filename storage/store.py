@@ -106,7 +106,7 @@ class Store:
         Leftovers of a killed creation are removed first."""
         gpath = self.path / self.group_name
         if (gpath / "zarr.json").exists():
-            self.check_identity(ident, {k: prm.default for k, prm in exp.params.items()})
+            self.check_identity(ident, {k: prm.default for k, prm in exp.params.items()}, set(exp.inherits))
             return self
         partial = pathlib.Path(str(self.path) + ".partial")
         if partial.exists():
@@ -142,10 +142,12 @@ class Store:
         shutil.rmtree(partial)
         return self
 
-    def check_identity(self, ident: dict, defaults: dict | None = None) -> None:
+    def check_identity(self, ident: dict, defaults: dict | None = None, inherited: set | None = None) -> None:
         """The group holds the experiment, source, grid and params ``ident`` names. A parameter the
         group's identity lacks (added to the experiment after the group was made) matches when it
-        has its default (``defaults``), which by the rule for new parameters keeps the old behaviour."""
+        has its default (``defaults``), which by the rule for new parameters keeps the old behaviour;
+        one only the group has that the stage now takes from its upstream cells (``inherited``,
+        Experiment.inherits) is the upstream's to judge."""
         attrs = self.group().attrs
         if "kktlab_identity" not in attrs:
             raise StoreError(f"group '{self.group_name}' of {self.path} was not written by kktlab")
@@ -164,6 +166,8 @@ class Store:
                 if part == "params" and k not in have_part and k in (defaults or {}) and \
                         want_part.get(k) == json.loads(json.dumps(defaults[k], default=str)):
                     continue  # a parameter newer than the group, at its default
+                if part == "params" and k not in want_part and k in (inherited or ()):
+                    continue  # recorded by an older kktlab; now the upstream cell's value
                 if have_part.get(k) != want_part.get(k):
                     raise StoreError(
                         f"config field '{part}.{k}' is {want_part.get(k)!r} but store {self.path} group "

@@ -176,8 +176,9 @@ def _with(stage: int, **kw) -> dict:
     (_with(0, **{"params.data": "orthonormal", "params.m": 30}), "stages[0].data"),
     (_with(1, **{"params.retrain_lr": 0.5}), "stages[1].params.retrain_lr"),
     (_with(1, **{"grid.mu_a": [0.1, 0.2]}), "stages[1].grid.mu_a"),
+    (_with(1, **{"grid.method": [{"method": "retrain", "retrain_lr": 0.5}]}), "stages[1].grid.method"),
 ], ids=["alpha<0", "k=0", "forget=-3", "train stored no nets", "orthonormal m>d",
-        "retrain_lr is the train stage's lr", "mu_a is the train stage's"])
+        "retrain_lr is the train stage's lr", "mu_a is the train stage's", "nor in a case"])
 def test_bad_config_names_the_field(raw, field):
     with pytest.raises(ConfigError) as err:
         config.parse(raw)
@@ -242,3 +243,18 @@ def test_alpha_chunks_and_bundle_mates_do_not_change_the_numbers(monkeypatch):
         assert a["eps"] == pytest.approx(b["eps"], rel=1e-12) and a["tau_fixed"] == pytest.approx(b["tau_fixed"], rel=1e-9)
     for a, b in zip(whole[4:], alone):
         assert a["eps_mean"] == pytest.approx(b["eps_mean"], rel=1e-12)
+
+
+def test_unlearn_bundles_split_by_what_their_cells_inherit(tmp_path):
+    """Cells of one unlearn bundle share what they take from their train cells (Experiment.inherits):
+    a train grid over epochs gives one bundle per retraining schedule, not one mixed bundle that the
+    kernel refuses (review finding; planned offline, nothing runs)."""
+    from flows.chain import Scheduler
+
+    raw = _with(0, **{"grid.epochs": [10, 20]})
+    del raw["stages"][0]["params"]["epochs"]
+    sched = Scheduler(config.parse(raw).stages, str(tmp_path / "s.zarr"), False, False)
+    st = sched.stages[1]
+    bundles = sched._bundles(st, st.todo)
+    assert len(bundles) == 2
+    assert sorted({c["retrain_epochs"] for _, c in b} for b in bundles) == [{10}, {20}]

@@ -13,7 +13,10 @@ gives a reading stage (or ``kktlab.load_nets``) X, y, X_test, y_test and W0 back
 
 from __future__ import annotations
 
+import functools
 
+
+import numpy as np
 import torch
 
 from core.errors import ConfigError
@@ -153,9 +156,17 @@ def data_rows(cell: dict) -> dict:
 
 
 def prepared(cell: dict, name: str, rows, checksum: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows (n, d) of the cell's (variant, d, resample), float64, and labels ±1 (digit 1 -> +1)."""
-    img, lab = datasets.file_rows(name, rows, checksum)
-    return cell_fn.prepare(img, cell), (lab * 2 - 1).double()
+    """Rows (n, d) of the cell's (variant, d, resample), float64, and labels ±1 (digit 1 -> +1);
+    the nets of a reading bundle mostly share them, so they are prepared once."""
+    X, y = _prepared(name, np.asarray(rows, dtype=np.int64).tobytes(), int(checksum), cell["variant"], cell["d"],
+                     cell["resample"])
+    return X.clone(), y.clone()  # the cached ones are never handed out
+
+
+@functools.lru_cache(maxsize=8)
+def _prepared(name: str, rows: bytes, checksum: int, variant: str, d: int, resample: str):
+    img, lab = datasets.file_rows(name, np.frombuffer(rows, dtype=np.int64), checksum)
+    return cell_fn.prepare(img, {"variant": variant, "d": d, "resample": resample}), (lab * 2 - 1).double()
 
 
 def load_data(cell: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict]:

@@ -25,7 +25,7 @@ from flows.experiments import nonrobust
 from tasks import nets, train
 from tasks import data as synthetic
 from tasks.cells import train as cell_fn
-from tasks.cells.nonrobust import build, n_samples, schedule
+from tasks.cells.nonrobust import build, chunk_steps, n_samples, schedule
 
 CIFAR = "cifar_vehicles"  # paper 004 F004-2: CIFAR-10 vehicles (+1) vs animals (-1), storage/datasets.py
 
@@ -177,14 +177,19 @@ def train_logged(cells: list[dict], device: str, checkpoint: str | None, sets: l
     net_dev = nets.TwoLayer(*(t.to(dev, dtype) for t in (net.W, net.b, net.v)))
     Xd, yd, maskd = X.to(dev, dtype), y.to(dev, dtype), mask.to(dev)
     done = 0 if state is None else int(state.iters.max())
-    last_save = time.monotonic()
+    last_save, piece = time.monotonic(), chunk_steps(cells, sched)
     for i, t in enumerate(marks):
         if t <= done:
             continue
         was_running = torch.ones(len(cells), dtype=torch.bool) if state is None else state.running.cpu()
-        if bool(was_running.any()):
-            state = train.train(net_dev, Xd, yd, sched, mask=maskd, state=state, max_steps=t - done,
+        while done < t and (state is None or bool(state.running.any())):  # pieces as the unlogged path's
+            step = min(t, (done // piece + 1) * piece)
+            state = train.train(net_dev, Xd, yd, sched, mask=maskd, state=state, max_steps=step - done,
                                 compile=cells[0].get("compile_step", False))
+            done = step
+            if checkpoint and done < t and time.monotonic() - last_save >= checkpoint_every_s:
+                checkpoint_io.save(checkpoint, state, gens, extra=rows)  # a kill between marks loses <= a piece
+                last_save = time.monotonic()
         done = t
         row = cell_fn.trajectory_point(state.net, Xd, yd, maskd, sched.loss, state.iters)
         for k, val in row.items():  # a net that stopped before the previous mark logs nothing more

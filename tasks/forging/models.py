@@ -105,8 +105,9 @@ def make_model(name: str, d: int, width: int, generator: torch.Generator) -> Squ
 def _closed_form(model: SquaredLossModel, Z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(φ(z), ∇_w φ(z)) for a batch Z (N, d) as batched matrix products, for the models that
     :func:`make_model` builds (linreg: φ = zᵀw, ∇ = z; one layer: φ = vᵀρ(Wz), ∇_W = (v ⊙ ρ'(Wz)) zᵀ,
-    ∇_v = ρ(Wz)); None for any other φ. Issue 19: ~10x faster than vmap(grad) on a CPU (benchmarks/
-    kernel_alternatives.py forging), equal to it to round-off (tests/test_forging.py)."""
+    ∇_v = ρ(Wz)); None for any other φ. Issue 19: 2.0x (CPU time) / 2.95x (wall) vmap(grad) on a CPU
+    (benchmarks/results/kernel_alternatives_forging.json), equal to it to round-off
+    (tests/test_forging_grad_issue19.py)."""
     phi = getattr(model, "phi", None)  # duck-typed models (problems._LossModel) have only a loss
     if phi is _linreg_phi:
         return Z @ model.w, Z
