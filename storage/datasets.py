@@ -110,33 +110,19 @@ def mnist(split: str = "train", root: pathlib.Path | None = None) -> tuple[torch
 def mnist01(split: str = "train", root: pathlib.Path | None = None) -> tuple[torch.Tensor, torch.Tensor, str]:
     """Binary MNIST 0 vs 1 (spec 003 §2.5): images (n, 28, 28) float64 in [0,1], labels (n,) in
     {-1, +1} (digit 1 -> +1, digit 0 -> -1, spec 003 §6 #8), in file order, and the SHA-256 of the
-    images file they came from. Asserts the paper's counts (12665 train, 2115 test)."""
-    x, lab = mnist(split, root)
-    keep = (lab == 0) | (lab == 1)
-    counts = (int((lab == 0).sum()), int((lab == 1).sum()))
-    if counts != MNIST01_COUNTS[split]:
-        raise DataError(f"MNIST {split}: {counts[0]} zeros and {counts[1]} ones, expected "
-                        f"{MNIST01_COUNTS[split]} (spec 003 §2.5); the files are not the standard MNIST")
+    images file they came from. Checks the paper's counts (12665 train, 2115 test)."""
+    name = f"mnist-{'train' if split == 'train' else 'test'}"
+    x, lab = file_rows(name, positions(name, (0, 1), root), checksum60(name, root), root)
     pre = "train" if split == "train" else "t10k"
     sha = check_mnist((root or shared_data_dir()) / "mnist")[f"{pre}-images-idx3-ubyte.gz"]
-    return x[keep].reshape(-1, 28, 28), (lab[keep] * 2 - 1).double(), sha
+    return x, (lab * 2 - 1).double(), sha
 
 
 def digits01() -> tuple[torch.Tensor, torch.Tensor]:
     """scikit-learn's bundled digits, 0 vs 1 (spec 003 §5.3): images (360, 8, 8) float64 in [0,1]
     (values / 16), labels in {-1, +1} (1 -> +1), in the data set's order."""
-    try:
-        from sklearn.datasets import load_digits
-    except ImportError as err:
-        raise DataError(f"the digits data set needs scikit-learn ({err})") from None
-    ds = load_digits()
-    keep = (ds.target == 0) | (ds.target == 1)
-    x = torch.from_numpy(ds.images[keep].astype(np.float64) / 16.0)
-    y = torch.from_numpy(ds.target[keep].astype(np.int64))
-    if (int((y == 0).sum()), int((y == 1).sum())) != DIGITS01_COUNTS:
-        raise DataError(f"sklearn digits 0/1: counts {(int((y == 0).sum()), int((y == 1).sum()))}, "
-                        f"expected {DIGITS01_COUNTS}")
-    return x, (y * 2 - 1).double()
+    x, lab = file_rows("digits", positions("digits", (0, 1)), checksum60("digits"))
+    return x, (lab * 2 - 1).double()
 
 
 def _cifar_raw(path: pathlib.Path, split: str) -> tuple[np.ndarray, np.ndarray]:
