@@ -15,6 +15,11 @@ def finish(fig, ax, path: pathlib.Path, title: str, fontsize: int = 9) -> pathli
     ax.set_title(title, fontsize=fontsize)
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
+    return save(fig, path)
+
+
+def save(fig, path: pathlib.Path) -> pathlib.Path:
+    """Lay ``fig`` out, write it to ``path`` (PNG, 120 dpi) and close it."""
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -17,6 +17,7 @@ import numpy as np  # noqa: E402
 import xarray as xr  # noqa: E402
 
 from analysis.acceptance import Row, skipped  # noqa: E402
+from analysis.common import save  # noqa: E402
 from storage.query import usable  # noqa: E402
 
 TINY = 1e-300
@@ -77,11 +78,7 @@ def sample_figures(ds: xr.Dataset, out_dir: pathlib.Path, prefix: str = "") -> l
         x.grid(alpha=0.3)
         x.title.set_fontsize(9)
     fig.suptitle("F004-3: constructions on trained nets", fontsize=10)
-    fig.tight_layout()
-    path = pathlib.Path(out_dir) / f"{prefix}F004-3_constructions.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return [path]
+    return [save(fig, pathlib.Path(out_dir) / f"{prefix}F004-3_constructions.png")]
 
 
 def notes(ds: xr.Dataset) -> list[str]:

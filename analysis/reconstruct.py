@@ -14,6 +14,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import xarray as xr  # noqa: E402
 
+from analysis.common import save  # noqa: E402
 from storage.query import usable  # noqa: E402
 
 
@@ -53,11 +54,7 @@ def figures(ds: xr.Dataset, out_dir: pathlib.Path, prefix: str = "") -> list[pat
     a2.set_title("objective per radius (paper: 330-332 for all)", fontsize=9)
     for a in (a1, a2):
         a.grid(alpha=0.3)
-    fig.tight_layout()
-    path = pathlib.Path(out_dir) / f"{prefix}F004-1_score_vs_radius.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return [path]
+    return [save(fig, pathlib.Path(out_dir) / f"{prefix}F004-1_score_vs_radius.png")]
 
 
 def notes(ds: xr.Dataset) -> list[str]:
