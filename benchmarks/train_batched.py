@@ -5,8 +5,8 @@ nets on the same data for the same number of full-batch GD steps (constant LR, e
 log-space step of tasks/train/gd.py is then plain GD, θ ← θ - lr ∇L) with each method:
 
 - ``kktlab``: ``tasks.train.train`` (stacked, chunked to the cache on the CPU);
-- ``kktlab_compiled``: the same with ``compile=True`` (the step under ``torch.compile``; compile
-  time reported apart and amortised like the compiled ensemble's);
+- ``kktlab_compiled``: the same with ``compile=True`` (blocks of ``gd.STEPS_PER_CALL`` steps per
+  compiled call; compile time reported apart and amortised like the compiled ensemble's);
 - ``kktlab_whole``: the same with the whole stack in one kernel call (``chunk=E``);
 - ``loop``: a Python loop over nets, each an ``nn.Module`` (Linear + ReLU + Linear) with
   ``torch.optim.SGD`` and autograd;
@@ -96,7 +96,7 @@ def child(a) -> dict:
         chunk = E if a.method == "kktlab_whole" else None
         comp = a.method == "kktlab_compiled"
         t0 = time.perf_counter()
-        train.train(net, X, y, sched, max_steps=2, chunk=chunk, compile=comp)  # warm-up (compiles every variant)
+        train.train(net, X, y, sched, max_steps=2 * train.gd.STEPS_PER_CALL, chunk=chunk, compile=comp)  # warm-up: every variant compiles (blocks with and without the dead-net check)
         if comp:
             out["compile_s"] = time.perf_counter() - t0
 
@@ -265,8 +265,8 @@ def grid_row(shape, E, a, env, tmp) -> dict:
 def summary(row) -> str:
     ms = row["methods"]
     head = (f"n{row['n']} d{row['d']} k{row['k']} {row['dtype']} E{row['E']:5d}: kktlab "
-            f"{ms['kktlab'].get('us_per_net_step_min', float('nan')):7.1f} us/net-step "
-            f"({ms['kktlab'].get('fraction_of_gemm', float('nan')):.0%} of GEMM {row['gemm_gflops']:.0f} GF/s)")
+            f"{ms.get('kktlab', {}).get('us_per_net_step_min', float('nan')):7.1f} us/net-step "
+            f"({ms.get('kktlab', {}).get('fraction_of_gemm', float('nan')):.0%} of GEMM {row['gemm_gflops']:.0f} GF/s)")
     parts = [head]
     if "best_kktlab_cpu" in row:
         parts.append(f"CPU time: best={row['best_kktlab_cpu']} vs compiled vmap "

@@ -101,6 +101,13 @@ def test_even_chunk_for_the_compiled_step_issue19(E, chunk, expected):
     assert train.gd.even_chunk(E, chunk) == expected
 
 
+@pytest.mark.parametrize("sync_every, per_call, expected", [(100, 4, 4), (50, 4, 2), (7, 4, 1), (10**9, 8, 8), (30, 1, 1)])
+def test_compiled_blocks_never_straddle_a_sync_point_issue19(sync_every, per_call, expected):
+    """Compiled blocks of full-batch steps (issue 19): the largest divisor of sync_every up to the
+    steps per call, so the host sees the state at the one-step loop's sync points."""
+    assert train.gd.block_size(sync_every, per_call) == expected
+
+
 @pytest.mark.slow
 def test_reaches_1e30_in_float32_with_log_space_step():
     """Spec A16: the log-space step reaches loss 1e-30 in float32 (no underflow)."""
@@ -200,13 +207,15 @@ def test_log_space_step_equals_autograd_gradient_step(loss, param):
 def test_compiled_step_equals_eager_step_issue19():
     """Issue 19: the step under torch.compile (fused bias + ReLU + margins, out-of-place update)
     gives every net of a padded stack the eager step's parameters to 1e-12 relative and the same
-    iterations and statuses (exp loss; check_dead at the sync points compiles its own variant).
-    With the eager stack equal to one-by-one runs (tests above), batched = one-by-one to 1e-10 holds
-    for the compiled step too (a second shape would cost a second compile here)."""
+    iterations and statuses (exp loss). Full-batch steps run in compiled blocks of 4 (the block
+    that starts at a sync point checks for dead nets, its own variant) and the call's last 2 steps,
+    which fill no block, eagerly. With the eager stack equal to one-by-one runs (tests above),
+    batched = one-by-one to 1e-10 holds for the compiled step too (a second shape would cost a
+    second compile here)."""
     net, X, y, mask = padded_stack([(5, 9, 12), (3, 6, 7), (4, 4, 9)], d_pad=5, m_pad=9, k_pad=12)
-    sched = train.Schedule(lr0=1e-2, period=10, target_loss=1e-8, max_iters=400, sync_every=50)
-    eager = train.train(net, X, y, sched, mask=mask, max_steps=120)
-    comp = train.train(net, X, y, sched, mask=mask, max_steps=120, compile=True)
+    sched = train.Schedule(lr0=1e-2, period=10, target_loss=1e-8, max_iters=400, sync_every=20)
+    eager = train.train(net, X, y, sched, mask=mask, max_steps=122)
+    comp = train.train(net, X, y, sched, mask=mask, max_steps=122, compile=True)
     for p in ("W", "b", "v"):
         ref = getattr(eager.net, p)
         assert float((getattr(comp.net, p) - ref).abs().max()) <= 1e-12 * float(ref.abs().max()), p

@@ -167,6 +167,32 @@ def compiled_step():
     return torch.compile(_step)
 
 
+def _steps(st: TrainState, X, y, mask, sched: Schedule, block: int, first_dead: bool, log_m: torch.Tensor,
+           padded: bool) -> None:
+    """``block`` full-batch steps of :func:`_step` in one call, the first checking for dead nets if
+    ``first_dead``. Under :func:`compiled_steps` one graph per (block, first_dead), and one call's
+    overhead (guards, wrappers, output tensors: ~20-50 µs on this CPU) per block instead of per
+    step (issue 19)."""
+    for i in range(block):
+        _step(st, X, y, mask, sched, check_stop=True, check_dead=first_dead and i == 0, log_m=log_m, padded=padded)
+
+
+@functools.cache
+def compiled_steps():
+    """:func:`_steps` under ``torch.compile``: a block of full-batch steps unrolled into one graph."""
+    return torch.compile(_steps)
+
+
+STEPS_PER_CALL = 4  # full-batch steps per compiled call (a divisor of sync_every: see block_size)
+
+
+def block_size(sync_every: int, steps_per_call: int = STEPS_PER_CALL) -> int:
+    """The largest divisor of ``sync_every`` up to ``steps_per_call``: blocks aligned to it never
+    straddle a sync point, so the host sees the state exactly where the one-step loop does, and
+    only a block's first step can be a dead-net check."""
+    return max(c for c in range(1, max(1, steps_per_call) + 1) if sync_every % c == 0)
+
+
 CHUNK_BYTES = 1 << 20  # CPU: one (chunk, n, k) activation tensor of at most ~1 MiB (issue 19)
 
 
@@ -198,7 +224,8 @@ def concat_states(states: list[TrainState]) -> TrainState:
 def train(net: TwoLayer, X: torch.Tensor, y: torch.Tensor, schedule: Schedule, *,
           mask: torch.Tensor | None = None, batch_generators: list[torch.Generator] | None = None,
           state: TrainState | None = None, max_steps: int | None = None,
-          chunk: int | None = None, compile: bool = False) -> TrainState:
+          chunk: int | None = None, compile: bool = False,
+          steps_per_call: int = STEPS_PER_CALL) -> TrainState:
     """Train the stack until every net has converged, died, diverged or hit ``max_iters``.
 
     X (E,m,d), y (E,m) in {±1}, mask (E,m) marks real samples (padding is False). If
@@ -212,7 +239,9 @@ def train(net: TwoLayer, X: torch.Tensor, y: torch.Tensor, schedule: Schedule, *
 
     ``compile`` runs the step under ``torch.compile`` (:func:`compiled_step`): faster per step
     where the step is not all GEMM, after a one-off compile per shape (measured in
-    benchmarks/train_batched.py, whose README says where it pays).
+    benchmarks/train_batched.py, whose README says where it pays). Full-batch steps then run in
+    compiled blocks of :func:`block_size` steps (``steps_per_call``, :func:`compiled_steps`); a
+    call's last few steps that do not fill a block run eagerly.
     """
     E, m, _ = X.shape
     if chunk is None:
@@ -226,7 +255,8 @@ def train(net: TwoLayer, X: torch.Tensor, y: torch.Tensor, schedule: Schedule, *
                 net=state.net.select(sl), **{f: getattr(state, f)[sl] for f in STATE_FIELDS})
             parts.append(train(net.select(sl), X[sl], y[sl], schedule, mask=None if mask is None else mask[sl],
                                batch_generators=None if batch_generators is None else batch_generators[sl],
-                               state=sub, max_steps=max_steps, chunk=sl.stop - sl.start, compile=compile))
+                               state=sub, max_steps=max_steps, chunk=sl.stop - sl.start, compile=compile,
+                               steps_per_call=steps_per_call))
         return concat_states(parts)
     mask = torch.ones(E, m, dtype=torch.bool, device=X.device) if mask is None else mask
     st = state if state is not None else init_state(net, schedule)
@@ -239,12 +269,17 @@ def train(net: TwoLayer, X: torch.Tensor, y: torch.Tensor, schedule: Schedule, *
     padded = full_batch and not bool(mask.all())
     log_m = torch.log(mask.sum(1).to(torch.float64)) if full_batch else None
     step = compiled_step() if compile else _step
+    block = block_size(schedule.sync_every, steps_per_call) if compile and full_batch else 1
     steps, batches = 0, []
     max_steps = max_steps if max_steps is not None else schedule.max_iters
     while steps < max_steps:
         check_dead = steps % schedule.sync_every == 0
-        if full_batch:
-            step(st, X, y, mask, schedule, check_stop=True, check_dead=check_dead, log_m=log_m, padded=padded)
+        if block > 1 and steps + block <= max_steps:  # aligned: steps is a multiple of block here
+            compiled_steps()(st, X, y, mask, schedule, block, check_dead, log_m, padded)
+            steps += block - 1  # the last of the block's steps is counted below
+        elif full_batch:
+            (_step if block > 1 else step)(st, X, y, mask, schedule, check_stop=True, check_dead=check_dead,
+                                           log_m=log_m, padded=padded)
         else:
             if not batches:
                 perms = torch.stack([torch.randperm(m, generator=gen) for gen in batch_generators]).to(X.device)
