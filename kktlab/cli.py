@@ -163,8 +163,10 @@ def _say_how_far(cfgs, stores) -> None:
 
 
 def cmd_status(args) -> int:
-    """Cells done / total per group; done cells that are damaged (storage/verify.py) are not
-    counted as done but named below (exit status 1); stale done cells (storage/stale.py) are named too."""
+    """Cells done / total per group, and for a group part done the pace of its current run and an
+    ETA (storage/pace.py); done cells that are damaged (storage/verify.py) are not counted as done
+    but named below (exit status 1); stale done cells (storage/stale.py) are named too."""
+    from storage.pace import pace
     from storage.query import status
     from storage.stale import status_lines as stale_lines
 
@@ -185,6 +187,9 @@ def cmd_status(args) -> int:
         if row.get("failed"):
             extra += f"  ({_cells(row['failed'])} failed: `kktlab run --retry-failed` computes them again)"
         print(f"{r.group:<24} {r.experiment:<12} {r.sound:>7}/{r.total:<7} ({pct:.0f}%){extra}")
+        p = pace(args.store, r.group) if 0 < r.sound < r.total else None
+        if p is not None:
+            print(f"  {p.line()}")
         for line in _damage_lines(args.store, r):
             print(line)
         for cell, err in list(row.get("failures", {}).items())[:SHOWN_DAMAGED]:

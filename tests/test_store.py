@@ -167,3 +167,38 @@ def test_a_param_newer_than_the_group_matches_at_its_default(tmp_path, value, ok
     bad = config.parse(dict(c.to_dict(), params=dict(c.to_dict()["params"], **{newest: value})))
     with pytest.raises(StoreError, match=f"params.{newest}"):
         open_store(bad, str(tmp_path / "s.zarr"), "cpu")
+
+
+def test_status_shows_the_pace_and_an_eta_from_the_stored_cells(tmp_path, capsys):
+    """``kktlab status`` on a part-done group: the pace of its current run and an ETA, from when the
+    cells' own ``done`` chunks were written (storage/pace.py): the first bundle's cells start the
+    clock, a pause of over half an hour starts a new run, and a run of one bundle has no ETA yet."""
+    import os
+    import time
+
+    from kktlab.cli import main
+    from storage import pace, schema
+
+    c = cfg()
+    path = tmp_path / "s.zarr"
+    store = open_store(c, path, "cpu")
+    vals = fake_values(c.exp, 30)
+    cells = [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0)]
+    for idx in cells:
+        assert store.write_cell(idx, vals)
+    now = time.time()
+    group = status(path)[0]["group"]
+    when = {(0, 0): now - 7200, (0, 1): now - 130, (1, 0): now - 129.8, (1, 1): now - 70, (2, 0): now - 10}
+    for (i, j), t in when.items():  # an old run, then a bundle of two, then one cell a minute
+        os.utime(path / group / schema.DONE / "c" / str(i) / str(j), (t, t))
+    p = pace.pace(path, group, now=now)
+    assert (p.done, p.total) == (5, 6) and abs(p.last_age_s - 10) < 1e-6
+    assert abs(p.rate - 2 / 120) < 1e-9 and abs(p.eta_s - 60) < 1e-6  # 2 cells after the first bundle in 120 s
+    assert main(["status", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "pace 1 cells/min" in out and "last cell stored 10 s ago" in out and "ETA ~60 s for 1 cells" in out
+    for idx in cells[2:]:  # now the last run stored one bundle (two cells), after a pause: no rate yet
+        os.utime(path / group / schema.DONE / "c" / str(idx[0]) / str(idx[1]), (now - 7200, now - 7200))
+    assert pace.pace(path, group, now=now).rate is None
+    assert main(["status", str(path)]) == 0
+    assert "too early for an ETA" in capsys.readouterr().out

@@ -1,0 +1,78 @@
+"""How fast a group's cells are being stored, from the store alone: each cell owns its ``done``
+chunk (storage/schema.py), so that chunk's modification time is when the cell was stored. What
+``kktlab status`` shows as the pace and ETA of a run, served or not, without asking the run."""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import time
+
+import numpy as np
+import zarr
+
+from storage import schema
+
+PAUSE_S = 1800.0  # a gap this long between two stored cells ends a burst: a later run is a new one
+SAME_BUNDLE_S = 1.0  # cells stored this close to the burst's first are its first bundle
+
+
+@dataclasses.dataclass(frozen=True)
+class Pace:
+    """The current burst of stored cells of one group."""
+
+    done: int
+    total: int
+    last_age_s: float  # seconds since the last cell was stored
+    rate: float | None  # cells per second since the burst's first bundle; None: too early to say
+
+    @property
+    def eta_s(self) -> float | None:
+        """Seconds to store the rest at :attr:`rate` (None without a rate or when all are done)."""
+        left = self.total - self.done
+        return left / self.rate if self.rate and left > 0 else None
+
+    def line(self) -> str:
+        """``pace 4.2 cells/min, last cell 12 s ago, ETA ~31 min for 130 cells``."""
+        age = f"last cell stored {_span(self.last_age_s)} ago"
+        if self.done >= self.total:
+            return f"all stored; {age}"
+        if self.rate is None:
+            return f"{age}; too early for an ETA (one bundle stored so far in this run)"
+        eta = f"ETA ~{_span(self.eta_s)} for {self.total - self.done} cells if the run is still going"
+        return f"pace {self.rate * 60:.3g} cells/min, {age}, {eta}"
+
+
+def _span(s: float) -> str:
+    for unit, size in (("h", 3600), ("min", 60)):
+        if s >= 2 * size:
+            return f"{s / size:.0f} {unit}"
+    return f"{s:.0f} s"
+
+
+def stored_times(path: str | pathlib.Path, group: str) -> np.ndarray:
+    """When each done cell of ``group`` was stored (POSIX seconds, sorted): its ``done`` chunk's mtime."""
+    arr = zarr.open_array(str(pathlib.Path(path) / group / schema.DONE), mode="r", zarr_format=3)
+    if any(c != 1 for c in arr.chunks):  # not one chunk per cell: no per-cell times
+        return np.zeros(0)
+    done = np.argwhere(np.asarray(arr[...], dtype=bool))
+    root = pathlib.Path(path) / group / schema.DONE / "c"
+    chunks = (root.joinpath(*map(str, idx)) for idx in done)  # (a grid of no dims: its one chunk is c)
+    return np.sort(np.asarray([c.stat().st_mtime for c in chunks if c.is_file()], dtype=float))
+
+
+def pace(path: str | pathlib.Path, group: str, now: float | None = None) -> Pace | None:
+    """The pace of ``group``'s current burst (cells stored with no pause of :data:`PAUSE_S`), or None
+    when no cell is done. The rate counts the cells stored after the burst's first bundle over the
+    time since it, so a run of many bundles gets a fair rate and a run of one bundle none."""
+    arr = zarr.open_array(str(pathlib.Path(path) / group / schema.DONE), mode="r", zarr_format=3)
+    t = stored_times(path, group)
+    done, total = int(np.asarray(arr[...], dtype=bool).sum()), int(arr.size)
+    if not t.size:
+        return None
+    now = time.time() if now is None else now
+    gaps = np.nonzero(np.diff(t) > PAUSE_S)[0]
+    burst = t[gaps[-1] + 1:] if gaps.size else t
+    after = burst[burst > burst[0] + SAME_BUNDLE_S]
+    rate = after.size / (burst[-1] - burst[0]) if after.size else None
+    return Pace(done=done, total=total, last_age_s=max(0.0, now - t[-1]), rate=rate)
