@@ -81,10 +81,14 @@ def prefect_api():
         with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
             yield server.api_url
     finally:
-        try:  # the flow's last log lines ("Finished in state ...") reach the server before it stops
-            from prefect.logging.handlers import APILogHandler
+        try:  # the flow's last log lines ("Finished in state ...") and events (a crashed run's state
+            # changes) reach the server before it stops: left queued, Prefect's exit hook retried
+            # them against the stopped server for ~75 s after a SIGTERM had been answered
+            from prefect.events.worker import EventsWorker
+            from prefect.logging.handlers import APILogWorker
 
-            APILogHandler.flush()
+            for service in (APILogWorker, EventsWorker):
+                service.drain_all(timeout=10, at_exit=False)
         except Exception:  # noqa: BLE001 - nothing to send, or the server is gone already
             pass
         os.environ.pop("PREFECT_API_URL", None)
