@@ -125,7 +125,7 @@ def flush_logs() -> None:
         try:
             from prefect.logging.handlers import APILogHandler
 
-            APILogHandler.flush()
+            APILogHandler().flush()  # an instance method (drains Prefect's APILogWorker, 5 s at most)
         except Exception:  # noqa: BLE001 - the UI is best effort
             pass
 
