@@ -141,21 +141,32 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def train_bundle(cells: list[dict], device: str = "auto", checkpoint: str | None = None,
-                 checkpoint_every_s: float = 60.0, max_chunks: int | None = None, datasets: list | None = None):
-    """Train a bundle as one stacked problem, in chunks, checkpointing every
-    ``checkpoint_every_s`` seconds (and after the last of ``max_chunks`` chunks)."""
+def start_training(cells: list[dict], device: str, checkpoint: str | None, datasets: list | None,
+                   extra: dict | None = None):
+    """What both training paths (:func:`train_bundle`, ``train.train_logged``) start from: the device
+    (TF32 off on CUDA: it perturbs margins by ~1e-3 relative, spec A16), the bundle's stack on the
+    CPU ``(net, X, y, mask, gens)``, its schedule, the checkpointed state if one can be resumed
+    (``extra`` receives the checkpoint's extra tensors) and the stack on the device ``(net, X, y, mask)``."""
     dev = resolve_device(device)
     dtype = getattr(torch, cells[0]["dtype"])
-    if dev.type == "cuda":  # TF32 perturbs margins by ~1e-3 relative (spec A16): never
+    if dev.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
     net, X, y, mask, gens = cell_fn.build(cells, datasets)
     sched = cell_fn.schedule(cells[0])
     check = lambda st: train.check_state(st, net, sched)  # noqa: E731 - a resumed state must be this bundle's
-    state = checkpoint_io.load(checkpoint, dev, dtype, gens, check) if checkpoint else None
-    net_dev = nets.TwoLayer(*(t.to(dev, dtype) for t in (net.W, net.b, net.v)))
-    Xd, yd, maskd = X.to(dev, dtype), y.to(dev, dtype), mask.to(dev)
+    state = checkpoint_io.load(checkpoint, dev, dtype, gens, check, extra=extra) if checkpoint else None
+    on_dev = (nets.TwoLayer(*(t.to(dev, dtype) for t in (net.W, net.b, net.v))), X.to(dev, dtype), y.to(dev, dtype),
+              mask.to(dev))
+    return (net, X, y, mask, gens), sched, state, on_dev
+
+
+def train_bundle(cells: list[dict], device: str = "auto", checkpoint: str | None = None,
+                 checkpoint_every_s: float = 60.0, max_chunks: int | None = None, datasets: list | None = None):
+    """Train a bundle as one stacked problem, in chunks, checkpointing every
+    ``checkpoint_every_s`` seconds (and after the last of ``max_chunks`` chunks)."""
+    (net, X, y, mask, gens), sched, state, (net_dev, Xd, yd, maskd) = start_training(cells, device, checkpoint,
+                                                                                       datasets)
     last_save, chunks = time.monotonic(), 0
     while state is None or bool(state.running.any()):
         state = train.train(net_dev, Xd, yd, sched, mask=maskd, batch_generators=gens, state=state,

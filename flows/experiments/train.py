@@ -20,12 +20,11 @@ import torch
 
 from core.errors import ConfigError
 from flows import checkpoint as checkpoint_io
-from flows.experiments import Experiment, Param, Var, register
-from flows.experiments import nonrobust
-from tasks import nets, train
+from flows.experiments import Experiment, Param, Var, nonrobust, register
 from tasks import data as synthetic
+from tasks import nets, train
 from tasks.cells import train as cell_fn
-from tasks.cells.nonrobust import build, chunk_steps, n_samples, schedule
+from tasks.cells.nonrobust import chunk_steps, n_samples
 
 CIFAR = "cifar_vehicles"  # paper 004 F004-2: CIFAR-10 vehicles (+1) vs animals (-1), storage/datasets.py
 
@@ -157,25 +156,16 @@ def train_logged(cells: list[dict], device: str, checkpoint: str | None, sets: l
     """Train as ``nonrobust.train_bundle`` does (full batch: the same GD steps, so the same nets), stopping
     at the geometric marks of ``cell_fn.log_marks`` to log the trajectory (``cell_fn.trajectory_point``);
     the rows so far are saved with the checkpoint, so a killed bundle resumes with them."""
-    dev = nonrobust.resolve_device(device)
-    dtype = getattr(torch, cells[0]["dtype"])
-    if dev.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
     t0 = time.perf_counter()
-    net, X, y, mask, gens = build(cells, sets)
-    sched = schedule(cells[0])
-    marks = cell_fn.log_marks(sched.max_iters, cells[0]["log_points"])
     saved: dict = {}
-    check = lambda st: train.check_state(st, net, sched)  # noqa: E731
-    state = checkpoint_io.load(checkpoint, dev, dtype, gens, check, extra=saved) if checkpoint else None
+    (_, X, y, _, gens), sched, state, (net_dev, Xd, yd, maskd) = nonrobust.start_training(
+        cells, device, checkpoint, sets, extra=saved)
+    marks = cell_fn.log_marks(sched.max_iters, cells[0]["log_points"])
     rows = {k: saved.get(k, torch.full((len(cells), len(marks)), math.nan, dtype=torch.float64))
             for k in cell_fn.TRAJECTORY}
     if state is not None and any(tuple(r.shape) != (len(cells), len(marks)) for r in rows.values()):
         state, rows = None, {k: torch.full((len(cells), len(marks)), math.nan, dtype=torch.float64)
                              for k in cell_fn.TRAJECTORY}  # a checkpoint without its trajectory: start again
-    net_dev = nets.TwoLayer(*(t.to(dev, dtype) for t in (net.W, net.b, net.v)))
-    Xd, yd, maskd = X.to(dev, dtype), y.to(dev, dtype), mask.to(dev)
     done = 0 if state is None else int(state.iters.max())
     last_save, piece = time.monotonic(), chunk_steps(cells, sched)
     for i, t in enumerate(marks):
