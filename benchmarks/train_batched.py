@@ -251,7 +251,8 @@ def compare(row, run_lengths) -> None:
     """kktlab's best mode against the compiled ensemble, in place: ``row["vs_compiled_vmap"]`` has,
     in wall and in CPU time, the steady state (best of eager and compiled at their minimum time)
     and each run length in ``run_lengths`` (compile time amortised over that many steps of the E
-    nets; eager has none), each with the mode that wins there and the ratio (> 1: kktlab faster)."""
+    nets; eager has none; compile time is wall time in both clocks), each with the mode that wins
+    there and the ratio (> 1: kktlab faster)."""
     ms = row["methods"]
     modes = [m for m in ("kktlab", "kktlab_compiled") if "us_per_net_step_min" in ms.get(m, {})]
     ref = ms.get("vmap_compiled", {})

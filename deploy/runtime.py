@@ -87,8 +87,8 @@ def prefect_api():
             from prefect.events.worker import EventsWorker
             from prefect.logging.handlers import APILogWorker
 
-            for service in (APILogWorker, EventsWorker):
-                service.drain_all(timeout=10, at_exit=False)
+            for service in (APILogWorker, EventsWorker):  # (Prefect 3.8 keeps one registry for all its
+                service.drain_all(timeout=10, at_exit=False)  # queue services: the first call drains both)
         except Exception:  # noqa: BLE001 - nothing to send, or the server is gone already
             pass
         os.environ.pop("PREFECT_API_URL", None)

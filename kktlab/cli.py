@@ -187,7 +187,7 @@ def cmd_status(args) -> int:
         if row.get("failed"):
             extra += f"  ({_cells(row['failed'])} failed: `kktlab run --retry-failed` computes them again)"
         print(f"{r.group:<24} {r.experiment:<12} {r.sound:>7}/{r.total:<7} ({pct:.0f}%){extra}")
-        p = pace(args.store, r.group) if 0 < r.sound < r.total else None
+        p = pace(args.store, r.group, r.sound) if 0 < r.sound < r.total else None
         if p is not None:
             print(f"  {p.line()}")
         for line in _damage_lines(args.store, r):

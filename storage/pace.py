@@ -14,7 +14,7 @@ import zarr
 from storage import schema
 
 PAUSE_S = 1800.0  # a gap this long between two stored cells ends a burst: a later run is a new one
-SAME_BUNDLE_S = 1.0  # cells stored this close to the burst's first are its first bundle
+SAME_BUNDLE_S = 5.0  # cells stored this close to the burst's first are its first wave (of parallel workers)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,7 +38,7 @@ class Pace:
         if self.done >= self.total:
             return f"all stored; {age}"
         if self.rate is None:
-            return f"{age}; too early for an ETA (one bundle stored so far in this run)"
+            return f"{age}; too early for an ETA (only the first bundles of this run are stored)"
         eta = f"ETA ~{_span(self.eta_s)} for {self.total - self.done} cells if the run is still going"
         return f"pace {self.rate * 60:.3g} cells/min, {age}, {eta}"
 
@@ -55,24 +55,27 @@ def stored_times(path: str | pathlib.Path, group: str) -> np.ndarray:
     arr = zarr.open_array(str(pathlib.Path(path) / group / schema.DONE), mode="r", zarr_format=3)
     if any(c != 1 for c in arr.chunks):  # not one chunk per cell: no per-cell times
         return np.zeros(0)
-    done = np.argwhere(np.asarray(arr[...], dtype=bool))
-    root = pathlib.Path(path) / group / schema.DONE / "c"
-    chunks = (root.joinpath(*map(str, idx)) for idx in done)  # (a grid of no dims: its one chunk is c)
+    root = pathlib.Path(path) / group / schema.DONE
+    chunks = (root / arr.metadata.encode_chunk_key(tuple(int(i) for i in idx))
+              for idx in np.argwhere(np.asarray(arr[...], dtype=bool)))
     return np.sort(np.asarray([c.stat().st_mtime for c in chunks if c.is_file()], dtype=float))
 
 
-def pace(path: str | pathlib.Path, group: str, now: float | None = None) -> Pace | None:
+def pace(path: str | pathlib.Path, group: str, done: int, now: float | None = None) -> Pace | None:
     """The pace of ``group``'s current burst (cells stored with no pause of :data:`PAUSE_S`), or None
-    when no cell is done. The rate counts the cells stored after the burst's first bundle over the
-    time since it, so a run of many bundles gets a fair rate and a run of one bundle none."""
+    when no cell is done. ``done`` is the caller's count of sound done cells (damaged ones are to
+    be computed again). The rate counts the cells stored after the burst's first wave (within
+    :data:`SAME_BUNDLE_S` of its first cell: the first bundles of parallel workers) over the time
+    from that first cell to now, so it is on the slow side while a bundle is in flight rather than
+    inflated by bundles that finished together, and a run of one wave gets none."""
     arr = zarr.open_array(str(pathlib.Path(path) / group / schema.DONE), mode="r", zarr_format=3)
     t = stored_times(path, group)
-    done, total = int(np.asarray(arr[...], dtype=bool).sum()), int(arr.size)
     if not t.size:
         return None
     now = time.time() if now is None else now
     gaps = np.nonzero(np.diff(t) > PAUSE_S)[0]
     burst = t[gaps[-1] + 1:] if gaps.size else t
     after = burst[burst > burst[0] + SAME_BUNDLE_S]
-    rate = after.size / (burst[-1] - burst[0]) if after.size else None
-    return Pace(done=done, total=total, last_age_s=max(0.0, now - t[-1]), rate=rate)
+    span = max(now, burst[-1]) - burst[0]
+    rate = after.size / span if after.size and span > 0 else None
+    return Pace(done=done, total=int(arr.size), last_age_s=max(0.0, now - t[-1]), rate=rate)

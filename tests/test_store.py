@@ -188,17 +188,18 @@ def test_status_shows_the_pace_and_an_eta_from_the_stored_cells(tmp_path, capsys
         assert store.write_cell(idx, vals)
     now = time.time()
     group = status(path)[0]["group"]
-    when = {(0, 0): now - 7200, (0, 1): now - 130, (1, 0): now - 129.8, (1, 1): now - 70, (2, 0): now - 10}
+    when = {(0, 0): now - 7200, (0, 1): now - 130, (1, 0): now - 127, (1, 1): now - 70, (2, 0): now - 10}
     for (i, j), t in when.items():  # an old run, then a bundle of two, then one cell a minute
         os.utime(path / group / schema.DONE / "c" / str(i) / str(j), (t, t))
-    p = pace.pace(path, group, now=now)
+    p = pace.pace(path, group, 5, now=now)
     assert (p.done, p.total) == (5, 6) and abs(p.last_age_s - 10) < 1e-6
-    assert abs(p.rate - 2 / 120) < 1e-9 and abs(p.eta_s - 60) < 1e-6  # 2 cells after the first bundle in 120 s
+    assert abs(p.rate - 2 / 130) < 1e-9 and abs(p.eta_s - 65) < 1e-6  # 2 cells after the first bundle, 130 s since it
+    assert pace.pace(path, group, 4, now=now).eta_s == 2 / p.rate  # a damaged done cell is one more to compute
     assert main(["status", str(path)]) == 0
     out = capsys.readouterr().out
-    assert "pace 1 cells/min" in out and "last cell stored 10 s ago" in out and "ETA ~60 s for 1 cells" in out
+    assert "pace 0.923 cells/min" in out and "last cell stored 10 s ago" in out and "ETA ~65 s for 1 cells" in out
     for idx in cells[2:]:  # now the last run stored one bundle (two cells), after a pause: no rate yet
         os.utime(path / group / schema.DONE / "c" / str(idx[0]) / str(idx[1]), (now - 7200, now - 7200))
-    assert pace.pace(path, group, now=now).rate is None
+    assert pace.pace(path, group, 5, now=now).rate is None
     assert main(["status", str(path)]) == 0
     assert "too early for an ETA" in capsys.readouterr().out

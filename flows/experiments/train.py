@@ -153,7 +153,8 @@ def rebuild(cell: dict, read) -> dict:
 
 def train_logged(cells: list[dict], device: str, checkpoint: str | None, sets: list,
                  checkpoint_every_s: float = 60.0) -> list[dict]:
-    """Train as ``nonrobust.train_bundle`` does (full batch: the same GD steps, so the same nets), stopping
+    """Train as ``nonrobust.train_bundle`` does (full batch: the same GD steps, so the same nets; with
+    ``compile_step`` equal to ~1e-16, the steps to a mark that fill no compiled block running eagerly), stopping
     at the geometric marks of ``cell_fn.log_marks`` to log the trajectory (``cell_fn.trajectory_point``);
     the rows so far are saved with the checkpoint, so a killed bundle resumes with them."""
     t0 = time.perf_counter()
