@@ -121,3 +121,7 @@ class Experiment:
     # ``read(name)`` -> that cell's stored array, and returns name -> array (unpadded), e.g. the
     # training rows from stored indices + checksum (MNIST, CIFAR) or W0 from the seed.
     rebuild: Callable[[Cell, Callable[[str], "np.ndarray"]], dict] | None = None  # noqa: F821
+
+    def with_inherited(self, cell: Cell, upstream: Cell) -> Cell:
+        """``cell`` with the parameters it takes from the upstream cell it reads (:attr:`inherits`)."""
+        return dict(cell, **{mine: upstream[theirs] for mine, theirs in self.inherits.items() if theirs in upstream})

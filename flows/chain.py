@@ -25,6 +25,8 @@ import queue
 import time
 from collections import defaultdict
 
+import numpy as np
+
 from core.errors import UserError
 from deploy import dask as dask_specs
 from flows import checkpoint as checkpoint_io
@@ -114,13 +116,10 @@ class Scheduler:
         cfg = st.cfg
         budget = memory_budget(cfg.runner["device"], cfg.runner["workers"])
         if st.up and cfg.exp.inherits:  # bundle by the values each cell takes from its upstream cell too
-            import numpy as np
-
             ups = st.up.cfg.store_cells()
             shape = [len(v) for v in st.up.cfg.store_grid.values()]
-            items = [(idx, dict(cell, **{mine: up[theirs] for mine, theirs in cfg.exp.inherits.items() if theirs in up}))
-                     for idx, cell in items
-                     for up in [ups[int(np.ravel_multi_index(tuple(idx[:st.k]), shape))]]]
+            items = [(idx, cfg.exp.with_inherited(cell, ups[int(np.ravel_multi_index(tuple(idx[:st.k]), shape))]))
+                     for idx, cell in items]
         return make_bundles(cfg.exp, items, cfg.runner["bundle_size"], memory_budget=budget, workers=self.workers)
 
     def _submit(self, st: _Stage, items: list, wait_for=None) -> None:

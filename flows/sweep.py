@@ -119,8 +119,7 @@ def compute_reading(exp, cells: list[dict], device: str, inputs: dict) -> list[d
     nets = load_nets_at(inputs["store"], inputs["group"], [tuple(i) for i in inputs["indices"]], up.rebuild)
     ok = [i for i, p in enumerate(nets.problems) if not p]
     out: list[dict] = [{FAILED: p} for p in nets.problems]
-    cells = [dict(c, **{mine: upc[theirs] for mine, theirs in exp.inherits.items() if theirs in upc})
-             for c, upc in zip(cells, nets.cells)]  # e.g. unlearn retrains with its upstream's lr
+    cells = [exp.with_inherited(c, upc) for c, upc in zip(cells, nets.cells)]  # e.g. unlearn retrains with its upstream's lr
     if ok:
         for i, res in zip(ok, compute_cells(exp, [cells[i] for i in ok], device, None, nets.select(ok))):
             out[i] = res if FAILED in res else dict(res, **{UPSTREAM_HASH: nets.hashes[i]})

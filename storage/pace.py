@@ -50,9 +50,14 @@ def _span(s: float) -> str:
     return f"{s:.0f} s"
 
 
-def stored_times(path: str | pathlib.Path, group: str) -> np.ndarray:
-    """When each done cell of ``group`` was stored (POSIX seconds, sorted): its ``done`` chunk's mtime."""
-    arr = zarr.open_array(str(pathlib.Path(path) / group / schema.DONE), mode="r", zarr_format=3)
+def _done(path: str | pathlib.Path, group: str) -> zarr.Array:
+    return zarr.open_array(str(pathlib.Path(path) / group / schema.DONE), mode="r", zarr_format=3)
+
+
+def stored_times(path: str | pathlib.Path, group: str, arr: zarr.Array | None = None) -> np.ndarray:
+    """When each done cell of ``group`` was stored (POSIX seconds, sorted): its ``done`` chunk's
+    mtime (``arr``: the group's ``done`` array, if the caller has it open)."""
+    arr = _done(path, group) if arr is None else arr
     if any(c != 1 for c in arr.chunks):  # not one chunk per cell: no per-cell times
         return np.zeros(0)
     root = pathlib.Path(path) / group / schema.DONE
@@ -68,8 +73,8 @@ def pace(path: str | pathlib.Path, group: str, done: int, now: float | None = No
     :data:`SAME_BUNDLE_S` of its first cell: the first bundles of parallel workers) over the time
     from that first cell to now, so it is on the slow side while a bundle is in flight rather than
     inflated by bundles that finished together, and a run of one wave gets none."""
-    arr = zarr.open_array(str(pathlib.Path(path) / group / schema.DONE), mode="r", zarr_format=3)
-    t = stored_times(path, group)
+    arr = _done(path, group)
+    t = stored_times(path, group, arr)
     if not t.size:
         return None
     now = time.time() if now is None else now
