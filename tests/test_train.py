@@ -204,23 +204,33 @@ def test_log_space_step_equals_autograd_gradient_step(loss, param):
 
 
 @pytest.mark.slow
-def test_compiled_step_equals_eager_step_issue19():
+@pytest.mark.parametrize("sizes, d_pad, m_pad", [
+    pytest.param([(5, 9, 12), (3, 6, 7), (4, 4, 9), (4, 4, 9)], 5, 9, id="direct-n>d"),
+    pytest.param([(9, 5, 12), (7, 4, 7), (8, 5, 9), (8, 5, 9)], 9, 5, id="gram-n<=d"),
+])
+def test_compiled_step_equals_eager_step_issue19(sizes, d_pad, m_pad):
     """Issue 19: the step under torch.compile (fused bias + ReLU + margins, out-of-place update)
     gives every net of a padded stack the eager step's parameters to 1e-12 relative and the same
-    iterations and statuses (exp loss). Full-batch steps run in compiled blocks of 4 (the block
-    that starts at a sync point checks for dead nets, its own variant) and the call's last 2 steps,
-    which fill no block, eagerly. With the eager stack equal to one-by-one runs (tests above),
-    batched = one-by-one to 1e-10 holds for the compiled step too (a second shape would cost a
-    second compile here)."""
-    net, X, y, mask = padded_stack([(5, 9, 12), (3, 6, 7), (4, 4, 9)], d_pad=5, m_pad=9, k_pad=12)
+    iterations, statuses and losses (exp loss). Full-batch steps run in compiled blocks of 4 and
+    the call's last 2 steps, which fill no block, eagerly. Net 3 is dead from the start: the dead-net
+    check before a block at a sync point finds it and runs that block eagerly, marking it dead as
+    the eager loop does. Where the padded n ≤ d the blocks carry the pre-activations through the
+    Gram matrix X Xᵀ and form W once per block (``gd.use_gram``). With the eager stack equal to
+    one-by-one runs (tests above), batched = one-by-one to 1e-10 holds for the compiled step too."""
+    net, X, y, mask = padded_stack(sizes, d_pad=d_pad, m_pad=m_pad, k_pad=12)
+    assert train.gd.use_gram(m_pad, d_pad) == (m_pad <= d_pad)
+    net.b[3] = -1e3
     sched = train.Schedule(lr0=1e-2, period=10, target_loss=1e-8, max_iters=400, sync_every=20)
     eager = train.train(net, X, y, sched, mask=mask, max_steps=122)
     comp = train.train(net, X, y, sched, mask=mask, max_steps=122, compile=True)
+    assert comp.status.tolist()[3] == train.DEAD and int(comp.iters[3]) == 0
+    assert comp.net.W.is_contiguous()
     for p in ("W", "b", "v"):
         ref = getattr(eager.net, p)
         assert float((getattr(comp.net, p) - ref).abs().max()) <= 1e-12 * float(ref.abs().max()), p
-    for f in ("iters", "status", "plateau_pos"):
+    for f in ("iters", "status", "plateau_pos", "separated"):
         assert torch.equal(getattr(comp, f), getattr(eager, f)), f
+    torch.testing.assert_close(comp.log_loss, eager.log_loss, rtol=1e-12, atol=0)
 
 
 @pytest.mark.slow

@@ -99,6 +99,63 @@ def _full_data_check(st: TrainState, log_L: torch.Tensor, separated: torch.Tenso
     _status(st, ~torch.isfinite(log_L), DIVERGED)
 
 
+def _dead(A: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(E,) bool: no neuron active on any valid sample (activations A), so GD can never move the
+    net again (spec A22)."""
+    return (A * mask.unsqueeze(-1)).flatten(1).amax(1) <= 0
+
+
+def _weights(st: TrainState, q: torch.Tensor, y, mask, sched: Schedule, check_stop: bool,
+             dead: torch.Tensor | None, log_m: torch.Tensor, padded: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """From the margins q (E, n): the loss, the full-data check if ``check_stop`` (spec A3), the
+    dead nets ``dead`` marked, and the ascent weights g_i = y_i · lr · L · π_i of the running nets
+    (spec 002 §2.2). Returns (g, running)."""
+    log_l, log_dl = log_loss_terms(q, sched.loss)
+    if padded:
+        log_l = log_l.masked_fill(~mask, -math.inf)
+    # log Σ ℓ in the working dtype: only the scale exp(log lr + log L) needs float64 (spec 002
+    # §6: the per-sample weights π_i = exp(log|ℓ'_i| - log Σ ℓ) lie in [0, 1])
+    lse = torch.logsumexp(log_l, 1)
+    log_L = lse.to(torch.float64) - log_m  # mean reduction (spec A2)
+    if check_stop:  # full batch: the batch is the data, checked every step (spec A3)
+        _full_data_check(st, log_L, _separated(q, mask), sched)
+    if dead is not None:
+        _status(st, dead, DEAD)
+    run = st.running
+    # log of lr·L·π_i: log π_i in the working dtype plus the per-net log lr·L, formed in float64
+    # (lr·L ≈ 1e-5 during a run, spec 002 §6: its log rounds to float32 within ~5e-7); weights
+    # below the dtype's smallest normal are 0 (subnormals would add nothing measurable and slow
+    # the CPU down ~100x)
+    log_w = log_dl - lse.unsqueeze(1) + (st.log_lr + log_L).to(q.dtype).unsqueeze(1)
+    keep = run.unsqueeze(1) & (log_w > math.log(torch.finfo(q.dtype).tiny))
+    keep = keep & mask if padded else keep
+    return y * torch.where(keep, torch.exp(log_w), torch.zeros_like(log_w)), run
+
+
+def _fused_grads(A: torch.Tensor, g: torch.Tensor, v: torch.Tensor):
+    """(G, dv, db) of spec 002 §2.2 in forms inductor fuses: G = g_i v_j 1[h_ij > 0] (sign(relu(h))
+    is the indicator), and the v- and b-gradients in one reduction over the samples,
+    Σ_i G_i = v ⊙ Σ_i s_i g_i."""
+    S = torch.sign(A)
+    G = S * g.unsqueeze(-1) * v.unsqueeze(1)
+    return G, (A * g.unsqueeze(-1)).sum(1), (S * g.unsqueeze(-1)).sum(1) * v
+
+
+def _schedule(st: TrainState, run: torch.Tensor, sched: Schedule) -> None:
+    """Count the step of the running nets; per-net LR plateaus, whose period shortens once the net
+    separates the data (E14). New tensors: in place, a compiled block would copy them back into
+    its inputs at its end."""
+    st.iters = st.iters + run
+    st.plateau_pos = st.plateau_pos + run
+    if sched.period_fast is None:
+        bump = run & (st.plateau_pos >= sched.period)
+    else:  # full-data separation, never the minibatch's (E14)
+        period = torch.where(st.separated, sched.period_fast, sched.period)
+        bump = run & (st.plateau_pos >= period)
+    st.log_lr = torch.where(bump, (st.log_lr + math.log(sched.factor)).clamp_max(sched.max_log_lr), st.log_lr)
+    st.plateau_pos = st.plateau_pos.masked_fill(bump, 0)
+
+
 def _step(st: TrainState, X, y, mask, sched: Schedule, check_stop: bool, check_dead: bool,
           log_m: torch.Tensor, padded: bool) -> None:
     """One GD step on batch (X, y, mask) for every running net, in place. ``log_m`` (E,) is
@@ -117,43 +174,20 @@ def _step(st: TrainState, X, y, mask, sched: Schedule, check_stop: bool, check_d
     else:
         A = torch.relu_(net.pre(X))  # (E,n,k), in place: one (E,n,k) buffer fewer per step
         q = y * torch.bmm(A, net.v.unsqueeze(-1)).squeeze(-1)
-    log_l, log_dl = log_loss_terms(q, sched.loss)
-    if padded:
-        log_l = log_l.masked_fill(~mask, -math.inf)
-    lse = torch.logsumexp(log_l.to(torch.float64), 1)  # log Σ ℓ
-    log_L = lse - log_m  # mean reduction (spec A2)
-    if check_stop:  # full batch: the batch is the data, checked every step (spec A3)
-        _full_data_check(st, log_L, _separated(q, mask), sched)
-    if check_dead:  # no neuron active on any sample: GD can never move again (spec A22)
-        _status(st, (A * mask.unsqueeze(-1)).flatten(1).amax(1) <= 0, DEAD)
-    run = st.running
-    # log of lr·L·π_i, formed in float64; weights below the dtype's smallest normal are 0
-    # (subnormals would add nothing measurable and slow the CPU down ~100x)
-    log_w = log_dl.to(torch.float64) - lse.unsqueeze(1) + (st.log_lr + log_L).unsqueeze(1)
-    keep = run.unsqueeze(1) & (log_w > math.log(torch.finfo(X.dtype).tiny))
-    keep = keep & mask if padded else keep
-    g = (y * torch.where(keep, torch.exp(log_w), torch.zeros_like(log_w))).to(X.dtype)  # ascent weights
-    # g_i v_j 1[h_ij > 0]; sign(relu(h)) is the indicator, and far cheaper than a bool mask on CPU
-    # (formed in place on the indicator: s·g·v equals g·v·s exactly, s being 0 or 1)
-    G = torch.sign(A).mul_(g.unsqueeze(-1)).mul_(net.v.unsqueeze(1))
+    g, run = _weights(st, q, y, mask, sched, check_stop, _dead(A, mask) if check_dead else None, log_m, padded)
+    # W is updated through its transpose, W^T += X^T G: with W held column-major (train's
+    # as_columns) that is a contiguous (E, d, k) output, and the forward's W^T a contiguous operand
     if fused:  # new tensors rather than in-place updates: no copy back into the inputs
-        dv = (A * g.unsqueeze(-1)).sum(1)
-        net.W, net.b, net.v = torch.baddbmm(net.W, G.transpose(1, 2), X), net.b + G.sum(1), net.v + dv
-    else:
+        G, dv, db = _fused_grads(A, g, net.v)
+        net.W = torch.baddbmm(net.W.transpose(1, 2), X.transpose(1, 2), G).transpose(1, 2)
+        net.b, net.v = net.b + db, net.v + dv
+    else:  # formed in place on the indicator: s·g·v equals g·v·s exactly, s being 0 or 1
+        G = torch.sign(A).mul_(g.unsqueeze(-1)).mul_(net.v.unsqueeze(1))
         dv = torch.bmm(A.transpose(1, 2), g.unsqueeze(-1)).squeeze(-1)
-        net.W.baddbmm_(G.transpose(1, 2), X)
+        net.W.transpose(1, 2).baddbmm_(X.transpose(1, 2), G)
         net.b += G.sum(1)
         net.v += dv
-    # schedule: per-net plateau counter; the period shortens once the net separates the data
-    st.iters += run
-    st.plateau_pos += run
-    if sched.period_fast is None:
-        bump = run & (st.plateau_pos >= sched.period)
-    else:  # full-data separation, never the minibatch's (E14)
-        period = torch.where(st.separated, sched.period_fast, sched.period)
-        bump = run & (st.plateau_pos >= period)
-    st.log_lr = torch.where(bump, (st.log_lr + math.log(sched.factor)).clamp_max(sched.max_log_lr), st.log_lr)
-    st.plateau_pos = st.plateau_pos.masked_fill(bump, 0)
+    _schedule(st, run, sched)
 
 
 @functools.cache
@@ -167,14 +201,42 @@ def compiled_step():
     return torch.compile(_step)
 
 
-def _steps(st: TrainState, X, y, mask, sched: Schedule, block: int, first_dead: bool, log_m: torch.Tensor,
-           padded: bool) -> None:
-    """``block`` full-batch steps of :func:`_step` in one call, the first checking for dead nets if
-    ``first_dead``. Under :func:`compiled_steps` one graph per (block, first_dead), and one call's
-    overhead (guards, wrappers, output tensors: ~20-50 µs on this CPU) per block instead of per
-    step (issue 19)."""
+def _steps(st: TrainState, X, y, mask, sched: Schedule, block: int, log_m: torch.Tensor, padded: bool,
+           gram: torch.Tensor | None = None) -> None:
+    """``block`` full-batch steps of :func:`_step` in one call, none checking for dead nets (the
+    caller checks before a block that starts at a sync point). Under :func:`compiled_steps` one
+    graph per block size, and one call's overhead (guards, wrappers, output tensors: ~20-50 µs on
+    this CPU) per block instead of per step (issue 19).
+
+    With ``gram`` = X Xᵀ (E, n, n) the block never forms W between its steps: the pre-activations
+    follow the update W ← W + Gᵀ X as H ← H + (X Xᵀ) G + Δb (exact in exact arithmetic, as
+    X W_{t+1}ᵀ = X W_tᵀ + X Xᵀ G_t), and W takes the block's Σ_t G_t once at its end. A block of
+    B steps then costs one forward GEMM, B - 1 products with the Gram matrix (n² k each) and one
+    update, against 2 B GEMMs of n d k: fewer flops when n < 2d (:func:`use_gram`)."""
+    if gram is None:
+        for _ in range(block):
+            _step(st, X, y, mask, sched, check_stop=True, check_dead=False, log_m=log_m, padded=padded)
+        return
+    net = st.net
+    H = torch.bmm(X, net.W.transpose(1, 2)) + net.b.unsqueeze(1)
     for i in range(block):
-        _step(st, X, y, mask, sched, check_stop=True, check_dead=first_dead and i == 0, log_m=log_m, padded=padded)
+        A = torch.relu(H)
+        g, run = _weights(st, y * (A * net.v.unsqueeze(1)).sum(-1), y, mask, sched, True, None, log_m, padded)
+        G, dv, db = _fused_grads(A, g, net.v)
+        net.b, net.v = net.b + db, net.v + dv
+        G_sum = G if i == 0 else G_sum + G
+        if i < block - 1:
+            H = H + torch.bmm(gram, G) + db.unsqueeze(1)
+        _schedule(st, run, sched)
+    net.W = torch.baddbmm(net.W.transpose(1, 2), X.transpose(1, 2), G_sum).transpose(1, 2)
+
+
+def use_gram(n: int, d: int) -> bool:
+    """Whether compiled blocks of full-batch steps carry the pre-activations through the Gram
+    matrix X Xᵀ (:func:`_steps`): when n ≤ d, where a block of 4 steps needs at most 5/8 of the
+    direct form's GEMM flops (the break-even is n = 2d; n ≤ d leaves a margin for the (E, n, n)
+    matrix's memory and the extra pass that sums G)."""
+    return n <= d
 
 
 @functools.cache
@@ -260,6 +322,7 @@ def train(net: TwoLayer, X: torch.Tensor, y: torch.Tensor, schedule: Schedule, *
         return concat_states(parts)
     mask = torch.ones(E, m, dtype=torch.bool, device=X.device) if mask is None else mask
     st = state if state is not None else init_state(net, schedule)
+    st.net.W = as_columns(st.net.W)
     full_batch = m <= schedule.batch_size
     if not full_batch:
         if not bool(mask.all()):
@@ -270,12 +333,20 @@ def train(net: TwoLayer, X: torch.Tensor, y: torch.Tensor, schedule: Schedule, *
     log_m = torch.log(mask.sum(1).to(torch.float64)) if full_batch else None
     step = compiled_step() if compile else _step
     block = block_size(schedule.sync_every, steps_per_call) if compile and full_batch else 1
+    gram = torch.bmm(X, X.transpose(1, 2)) if block > 1 and use_gram(m, X.shape[2]) else None
     steps, batches = 0, []
     max_steps = max_steps if max_steps is not None else schedule.max_iters
     while steps < max_steps:
         check_dead = steps % schedule.sync_every == 0
         if block > 1 and steps + block <= max_steps:  # aligned: steps is a multiple of block here
-            compiled_steps()(st, X, y, mask, schedule, block, check_dead, log_m, padded)
+            # the dead-net check of a sync point is made before its block, not in it (one compiled
+            # graph, not two); a block where a running net has died runs eagerly, its first step
+            # marking it as the one-step loop does (rare, spec A22)
+            if check_dead and bool((_dead(torch.relu(st.net.pre(X)), mask) & st.running).any()):
+                for i in range(block):
+                    _step(st, X, y, mask, schedule, check_stop=True, check_dead=i == 0, log_m=log_m, padded=padded)
+            else:
+                compiled_steps()(st, X, y, mask, schedule, block, log_m, padded, gram)
             steps += block - 1  # the last of the block's steps is counted below
         elif full_batch:
             (_step if block > 1 else step)(st, X, y, mask, schedule, check_stop=True, check_dead=check_dead,
@@ -299,7 +370,16 @@ def train(net: TwoLayer, X: torch.Tensor, y: torch.Tensor, schedule: Schedule, *
             _status(st, st.iters >= schedule.max_iters, MAX_ITERS)
             if not bool(st.running.any()):
                 break
+    st.net.W = st.net.W.contiguous()
     return st
+
+
+def as_columns(W: torch.Tensor) -> torch.Tensor:
+    """W (E, k, d) with the same values, held in memory as its transpose (E, d, k): the step's
+    two GEMMs then read W^T and write W^T += X^T G contiguously, which MKL does ~10-25 % faster
+    than through transposed operands at the small shapes of paper 002 (issue 19). :func:`train`
+    returns W contiguous again."""
+    return W.transpose(1, 2).contiguous().transpose(1, 2)
 
 
 STATE_FIELDS = ("log_lr", "plateau_pos", "iters", "status", "log_loss", "separated")
