@@ -218,13 +218,13 @@ def _steps(st: TrainState, X, y, mask, sched: Schedule, block: int, log_m: torch
             _step(st, X, y, mask, sched, check_stop=True, check_dead=False, log_m=log_m, padded=padded)
         return
     net = st.net
-    H = torch.bmm(X, net.W.transpose(1, 2)) + net.b.unsqueeze(1)
+    H, G_sum = torch.bmm(X, net.W.transpose(1, 2)) + net.b.unsqueeze(1), None
     for i in range(block):
         A = torch.relu(H)
         g, run = _weights(st, y * (A * net.v.unsqueeze(1)).sum(-1), y, mask, sched, True, None, log_m, padded)
         G, dv, db = _fused_grads(A, g, net.v)
         net.b, net.v = net.b + db, net.v + dv
-        G_sum = G if i == 0 else G_sum + G
+        G_sum = G if G_sum is None else G_sum + G
         if i < block - 1:
             H = H + torch.bmm(gram, G) + db.unsqueeze(1)
         _schedule(st, run, sched)
