@@ -7,8 +7,9 @@ The step is the spec's log-space form of plain GD/SGD on the exponential or logi
 
 so neither L ≈ 1e-30 nor lr ≈ 1e25 is ever formed as a float. Gradients are written by hand
 with two ``bmm`` per step (no autograd graph), all E nets in one kernel (on a CPU in
-cache-sized chunks of nets, :func:`auto_chunk`, issue 19; ``train(..., compile=True)`` runs the
-step under torch.compile). Each net keeps its own
+cache-sized chunks of nets, :func:`auto_chunk`, issue 19). ``train(..., compile=True)`` runs
+full-batch steps in compiled blocks (:func:`_steps`), which carry the pre-activations through
+the Gram matrix X Xᵀ when n ≤ d and form W once per block. Each net keeps its own
 schedule state and stops on device when its full-data loss drops below the target; finished
 nets are frozen (scale 0), which is identical to stopping them. Only every ``sync_every``
 steps does the host look at the state.
