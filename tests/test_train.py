@@ -204,25 +204,31 @@ def test_log_space_step_equals_autograd_gradient_step(loss, param):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sizes, d_pad, m_pad", [
-    pytest.param([(5, 9, 12), (3, 6, 7), (4, 4, 9), (4, 4, 9)], 5, 9, id="direct-n>d"),
-    pytest.param([(9, 5, 12), (7, 4, 7), (8, 5, 9), (8, 5, 9)], 9, 5, id="gram-n<=d"),
+@pytest.mark.parametrize("sizes, d_pad, m_pad, sched_kw", [
+    pytest.param([(5, 9, 12), (3, 6, 7), (4, 4, 9), (4, 4, 9)], 5, 9, {}, id="direct-n>d"),
+    pytest.param([(9, 5, 12), (7, 4, 7), (8, 5, 9), (8, 5, 9)], 9, 5, {}, id="gram-n<=d"),
+    pytest.param([(9, 5, 12), (7, 4, 7), (8, 5, 9), (8, 5, 9)], 9, 5,
+                 dict(loss="logistic", lr0=0.1, period_fast=2, target_loss=1e-2), id="gram-logistic-converging"),
 ])
-def test_compiled_step_equals_eager_step_issue19(sizes, d_pad, m_pad):
+def test_compiled_step_equals_eager_step_issue19(sizes, d_pad, m_pad, sched_kw):
     """Issue 19: the step under torch.compile (fused bias + ReLU + margins, out-of-place update)
     gives every net of a padded stack the eager step's parameters to 1e-12 relative and the same
     iterations, statuses and losses (exp loss). Full-batch steps run in compiled blocks of 4 and
     the call's last 2 steps, which fill no block, eagerly. Net 3 is dead from the start: the dead-net
     check before a block at a sync point finds it and runs that block eagerly, marking it dead as
     the eager loop does. Where the padded n ≤ d the blocks carry the pre-activations through the
-    Gram matrix X Xᵀ and form W once per block (``gd.use_gram``). With the eager stack equal to
-    one-by-one runs (tests above), batched = one-by-one to 1e-10 holds for the compiled step too."""
+    Gram matrix X Xᵀ and form W once per block (``gd.use_gram``); the logistic case has its nets
+    converge inside blocks (iterations 51-71) on the fast LR period of separated nets (E14). With
+    the eager stack equal to one-by-one runs (tests above), batched = one-by-one to 1e-10 holds for
+    the compiled step too."""
     net, X, y, mask = padded_stack(sizes, d_pad=d_pad, m_pad=m_pad, k_pad=12)
     assert train.gd.use_gram(m_pad, d_pad) == (m_pad <= d_pad)
     net.b[3] = -1e3
-    sched = train.Schedule(lr0=1e-2, period=10, target_loss=1e-8, max_iters=400, sync_every=20)
+    sched = train.Schedule(**{**dict(lr0=1e-2, period=10, target_loss=1e-8, max_iters=400, sync_every=20), **sched_kw})
     eager = train.train(net, X, y, sched, mask=mask, max_steps=122)
     comp = train.train(net, X, y, sched, mask=mask, max_steps=122, compile=True)
+    if sched_kw:
+        assert comp.status.tolist()[:3] == [train.CONVERGED] * 3 and comp.separated[:3].all()
     assert comp.status.tolist()[3] == train.DEAD and int(comp.iters[3]) == 0
     assert comp.net.W.is_contiguous()
     for p in ("W", "b", "v"):

@@ -294,7 +294,9 @@ def train(net: TwoLayer, X: torch.Tensor, y: torch.Tensor, schedule: Schedule, *
     X (E,m,d), y (E,m) in {±1}, mask (E,m) marks real samples (padding is False). If
     m > batch_size, plain SGD with a fresh per-net permutation each epoch (spec A4; needs
     ``batch_generators``, one per net, and no padding). ``state`` continues an earlier call;
-    ``max_steps`` bounds this call (for checkpointing), the returned state says where it stopped.
+    ``max_steps`` bounds this call (for checkpointing), the returned state says where it stopped;
+    a ``state`` passed in is consumed (parts of it may be updated in place): go on from the one
+    returned.
 
     ``chunk`` nets run together (default :func:`auto_chunk`): each chunk of the stack runs all
     its steps before the next one starts. Nets never interact, so every net's numbers are those
@@ -384,52 +386,3 @@ def as_columns(W: torch.Tensor) -> torch.Tensor:
 
 
 STATE_FIELDS = ("log_lr", "plateau_pos", "iters", "status", "log_loss", "separated")
-
-
-def state_to_dict(st: TrainState) -> dict[str, torch.Tensor]:
-    """The tensors of a state (CPU copies), for a checkpoint."""
-    out = {f: getattr(st, f).detach().cpu() for f in STATE_FIELDS}
-    out.update(W=st.net.W.detach().cpu(), b=st.net.b.detach().cpu(), v=st.net.v.detach().cpu())
-    return out
-
-
-def state_from_dict(d: dict[str, torch.Tensor], device, dtype) -> TrainState:
-    """Inverse of :func:`state_to_dict` on the given device / dtype of the bundle.
-
-    A state written before a field existed (e.g. ``separated``) is refused with ValueError: it
-    cannot be continued exactly. (Checkpoint files are keyed on the code, so a sweep never
-    finds one of older code; this guards direct loads.)"""
-    missing = [f for f in (*STATE_FIELDS, "W", "b", "v") if f not in d]
-    if missing:
-        raise ValueError(f"training state lacks {missing} (written by an older kktlab?); delete it and "
-                         "restart the bundle")
-    net = TwoLayer(*(d[k].to(device, dtype) for k in ("W", "b", "v")))
-    return TrainState(net=net, **{f: d[f].to(device) for f in STATE_FIELDS})
-
-
-def check_state(st: TrainState, net: TwoLayer, schedule: Schedule) -> None:
-    """Raise ValueError unless ``st`` can be a state of training ``net`` (the bundle's initial
-    stack) under ``schedule``: same shapes, known statuses, iterations within the cap, and every
-    net marked converged with a finite loss below the target (a "converged" net whose loss is
-    above it was not converged: such a checkpoint is not resumed)."""
-    for name in ("W", "b", "v"):
-        have, want = getattr(st.net, name).shape, getattr(net, name).shape
-        if have != want:
-            raise ValueError(f"saved {name} has shape {tuple(have)}, the bundle's is {tuple(want)}")
-    for f in STATE_FIELDS:
-        if getattr(st, f).shape != (net.E,):
-            raise ValueError(f"saved {f} has shape {tuple(getattr(st, f).shape)}, expected ({net.E},)")
-    unknown = set(st.status.tolist()) - set(STATUS_NAMES)
-    if unknown:
-        raise ValueError(f"saved status has unknown values {sorted(unknown)}")
-    if bool((st.iters < 0).any()) or bool((st.iters > schedule.max_iters).any()):
-        raise ValueError(f"saved iterations outside [0, max_iters={schedule.max_iters}]")
-    conv = st.status == CONVERGED
-    bad = conv & ~(st.log_loss < math.log(schedule.target_loss))
-    if bool(bad.any()):
-        e = int(bad.nonzero()[0, 0])
-        raise ValueError(f"net {e} is marked converged but its loss exp({float(st.log_loss[e]):.4g}) is not below "
-                         f"the target {schedule.target_loss:g}")
-    live = (st.status == RUNNING) | conv
-    if bool((live & ~st.net.finite().to(live.device)).any()):
-        raise ValueError("a running or converged net has non-finite parameters")
