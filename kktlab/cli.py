@@ -10,7 +10,6 @@ import sys
 
 from core.errors import UserError
 from kktlab import served
-from storage import SHOWN_DAMAGED
 
 
 def check_prefect_api() -> None:
@@ -21,6 +20,9 @@ def check_prefect_api() -> None:
 
     if api_url():
         probe(api_url())
+
+
+SHOWN_DAMAGED = 5  # damaged cells named by status, show and run (verify names them all)
 
 
 def _declared(experiment: str) -> tuple[str, ...]:
