@@ -203,11 +203,12 @@ def compiled_step():
 
 
 def _steps(st: TrainState, X, y, mask, sched: Schedule, block: int, log_m: torch.Tensor, padded: bool,
-           gram: torch.Tensor | None = None) -> None:
-    """``block`` full-batch steps of :func:`_step` in one call, none checking for dead nets (the
-    caller checks before a block that starts at a sync point). Under :func:`compiled_steps` one
-    graph per block size, and one call's overhead (guards, wrappers, output tensors: ~20-50 µs on
-    this CPU) per block instead of per step (issue 19).
+           gram: torch.Tensor | None = None, first_dead: bool = False) -> None:
+    """``block`` full-batch steps of :func:`_step` in one call; only the first checks for dead nets,
+    and only if ``first_dead`` (compiled blocks never do: the caller checks before a block that
+    starts at a sync point, and runs it eagerly with ``first_dead`` if a net died). Under
+    :func:`compiled_steps` one graph per block size, and one call's overhead (guards, wrappers,
+    output tensors: ~20-50 µs on this CPU) per block instead of per step (issue 19).
 
     With ``gram`` = X Xᵀ (E, n, n) the block never forms W between its steps: the pre-activations
     follow the update W ← W + Gᵀ X as H ← H + (X Xᵀ) G + Δb (exact in exact arithmetic, as
@@ -215,8 +216,8 @@ def _steps(st: TrainState, X, y, mask, sched: Schedule, block: int, log_m: torch
     B steps then costs one forward GEMM, B - 1 products with the Gram matrix (n² k each) and one
     update, against 2 B GEMMs of n d k: fewer flops when n < 2d (:func:`use_gram`)."""
     if gram is None:
-        for _ in range(block):
-            _step(st, X, y, mask, sched, check_stop=True, check_dead=False, log_m=log_m, padded=padded)
+        for i in range(block):
+            _step(st, X, y, mask, sched, check_stop=True, check_dead=first_dead and i == 0, log_m=log_m, padded=padded)
         return
     net = st.net
     H, G_sum = torch.bmm(X, net.W.transpose(1, 2)) + net.b.unsqueeze(1), None
@@ -346,8 +347,7 @@ def train(net: TwoLayer, X: torch.Tensor, y: torch.Tensor, schedule: Schedule, *
             # graph, not two); a block where a running net has died runs eagerly, its first step
             # marking it as the one-step loop does (rare, spec A22)
             if check_dead and bool((_dead(torch.relu(st.net.pre(X)), mask) & st.running).any()):
-                for i in range(block):
-                    _step(st, X, y, mask, schedule, check_stop=True, check_dead=i == 0, log_m=log_m, padded=padded)
+                _steps(st, X, y, mask, schedule, block, log_m, padded, first_dead=True)
             else:
                 compiled_steps()(st, X, y, mask, schedule, block, log_m, padded, gram)
             steps += block - 1  # the last of the block's steps is counted below
