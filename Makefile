@@ -3,7 +3,7 @@ PY      ?= python3.11
 VENV    ?= .venv
 BIN     := $(VENV)/bin
 TORCH   ?= torch==2.13.0
-CONFIG  ?= configs/quickstart.yaml configs/quickstart-forging.yaml configs/quickstart-unlearning.yaml configs/quickstart-lazy.yaml configs/quickstart-reconstruct.yaml
+CONFIG  ?= configs/quickstart.yaml configs/quickstart-forging.yaml configs/quickstart-unlearning.yaml configs/quickstart-lazy.yaml configs/quickstart-reconstruct.yaml configs/pipeline-small.yaml
 export DO_NOT_TRACK := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export OMP_WAIT_POLICY := PASSIVE

@@ -171,7 +171,7 @@ def histograms(ds: xr.Dataset, out: pathlib.Path, prefix: str = "", sel: dict | 
 def sample_figures(ds: xr.Dataset, out_dir, prefix: str = "") -> list[pathlib.Path]:
     """Figures from the per-sample variables of the full group (``kktlab report`` calls it with
     the group as stored): Fig 7 for a ``single_step`` group."""
-    if "delta_rel" not in ds or "test_sample" not in ds.dims:
+    if "delta_rel" not in ds or "point" not in ds.dims:
         return []
     full = ds.where(usable(ds))
     return histograms(full, pathlib.Path(out_dir), prefix)

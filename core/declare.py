@@ -70,6 +70,67 @@ class Var:
 Cell = dict[str, Any]
 Result = dict[str, Any]  # variable name -> scalar or numpy array of the var's extra dims
 
+# --- the nets contract: what a producer's cells hand a reading stage (ARCHITECTURE "Stages") ------
+BLOCKS = ("W", "b", "v")  # f(x) = sum_j v_j relu(w_j . x + b_j): the parameter blocks a net may train
+NET_ARRAYS = ("W", "b", "v", "X", "y")  # every stored net carries these (b, v zero / fixed where untrained)
+OPTIONAL_ARRAYS = ("W0", "b0", "X_test", "y_test", "forgotten")
+
+
+@dataclasses.dataclass(frozen=True)
+class NetsContract:
+    """What one producer cell's stored net is: the arrays beside W, b, v, X, y (``W0``/``b0`` the
+    init, ``X_test``/``y_test`` a test set, ``forgotten`` the training points an unlearn stage
+    removed), which blocks were trained (paper 001: W; paper 003: W, and b when the variant has a
+    bias; paper 004 / 002: W, b, v), the output layer (``trained``, or ``frozen``: fixed ±1/√width,
+    paper 001's u and paper 003's a/√m), the experiment that trained it and its data distribution."""
+
+    arrays: frozenset = frozenset()
+    trained: frozenset = frozenset(BLOCKS)
+    output: str = "trained"  # "trained" | "frozen"
+    trainer: str = ""
+    data: str = ""
+    single: bool = True  # False: the cell measured many nets and stores none (unlearn's forget = -2)
+
+    def describe(self) -> str:
+        arrays = ", ".join(sorted(self.arrays)) or "no test set, init or forgotten indices"
+        return (f"nets of '{self.trainer}' (trained {'+'.join(b for b in BLOCKS if b in self.trained)}, "
+                f"output {self.output}; {arrays})")
+
+
+@dataclasses.dataclass(frozen=True)
+class NetsNeeds:
+    """What a reading cell needs of the nets it reads; :meth:`refusal` says why a contract fails it."""
+
+    arrays: frozenset = frozenset()  # beyond W, b, v, X, y
+    trained: tuple[frozenset, ...] = ()  # the trained-block sets it can handle (empty: any)
+    output: str = ""  # "frozen" / "trained"; empty: either
+    trainers: frozenset = frozenset()  # only nets of these experiments (empty: any)
+    data: frozenset = frozenset()  # only nets trained on these data sets (empty: any)
+    without: frozenset = frozenset()  # arrays the nets must not carry (e.g. unlearn: nothing forgotten yet)
+    why: str = ""  # what the reader does that needs it, for the message
+
+    def refusal(self, c: NetsContract) -> str:
+        """'' if a net of contract ``c`` serves, else one line saying what is missing."""
+        why = f" ({self.why})" if self.why else ""
+        if not c.single:
+            return "its cells store no single net (unlearn's forget: -2 measures every l; use forget >= -1)"
+        missing = sorted(self.arrays - c.arrays)
+        if missing:
+            return f"needs {', '.join(missing)}{why}, which {c.describe()} do not store"
+        present = sorted(self.without & c.arrays)
+        if present:
+            return f"needs nets without {', '.join(present)}{why}; {c.describe()}"
+        if self.trained and c.trained not in self.trained:
+            want = " or ".join("+".join(b for b in BLOCKS if b in t) for t in self.trained)
+            return f"needs nets that trained {want}{why}; {c.describe()}"
+        if self.output and c.output != self.output:
+            return f"needs a {self.output} output layer{why}; {c.describe()}"
+        if self.trainers and c.trainer not in self.trainers:
+            return f"needs nets of {' or '.join(sorted(self.trainers))}{why}; {c.describe()}"
+        if self.data and c.data not in self.data:
+            return f"needs nets trained on data {' or '.join(sorted(self.data))}{why}; {c.describe()} used {c.data!r}"
+        return ""
+
 
 @dataclasses.dataclass(frozen=True)
 class Experiment:
@@ -121,6 +182,10 @@ class Experiment:
     # ``read(name)`` -> that cell's stored array, and returns name -> array (unpadded), e.g. the
     # training rows from stored indices + checksum (MNIST, CIFAR) or W0 from the seed.
     rebuild: Callable[[Cell, Callable[[str], "np.ndarray"]], dict] | None = None  # noqa: F821
+    # A producer of "nets": the contract of one of its cells (the cell as run, and the contract of the
+    # upstream cell it read, None for a first stage). A reader: what one of its cells needs.
+    nets: Callable[[Cell, "NetsContract | None"], NetsContract] | None = None
+    needs: Callable[[Cell], NetsNeeds] = lambda cell: NetsNeeds()
 
     def with_inherited(self, cell: Cell, upstream: Cell) -> Cell:
         """``cell`` with the parameters it takes from the upstream cell it reads (:attr:`inherits`)."""

@@ -75,6 +75,8 @@ class Config:
     source: str | None = None
     upstream_grid: dict[str, list] = dataclasses.field(default_factory=dict)
     upstream_extra: dict[str, int] = dataclasses.field(default_factory=dict)
+    # A producer of nets: the contracts its cells can have (core.declare.NetsContract, flows/contracts.py).
+    nets_contracts: set = dataclasses.field(default_factory=set)
 
     def store_path(self, override: str | None = None) -> str:
         """Where results go: ``override`` (``--store``), else the config's ``store``, else
@@ -109,7 +111,11 @@ class Config:
 
     def extra_sizes(self) -> dict[str, int]:
         """Sizes of the extra (non-grid) dims: the upstream's, then this experiment's own."""
-        return {**self.upstream_extra, **self.exp.extra_dims(self.cells())}
+        own = self.exp.extra_dims(self.cells())
+        for dim, size in own.items():  # a list of names: as long as the longest of those upstream dims
+            if isinstance(size, list):
+                own[dim] = max(self.upstream_extra.get(name, 0) for name in size) or 1
+        return {**self.upstream_extra, **own}
 
     def iter_cells(self):
         """Every grid cell as a full parameter dict, in C order of the grid dims, one at a time."""

@@ -36,6 +36,7 @@ from typing import Any
 
 from core.errors import ConfigError
 from flows import config as config_mod
+from flows import contracts
 from flows import experiments
 
 CHAIN_KEYS = ("name", "description", "store", "runner", "stages")
@@ -147,9 +148,12 @@ def _stage(i: int, st: Any, raw: dict, earlier: list[config_mod.Config]) -> conf
         if exp.reads:
             raise ConfigError(f"{f}.from", f"experiment '{exp.name}' reads {exp.reads!r} from an earlier stage; "
                               "name it in 'from'")
+        cfg.nets_contracts = contracts.stage_contracts(cfg, None)
         return cfg
     up = _upstream(f, name, source, earlier, raw)
     _reads(f, exp, source, up)
+    contracts.check_pairing(f"{f}.from", cfg, source, up.nets_contracts)
+    cfg.nets_contracts = contracts.stage_contracts(cfg, up.nets_contracts)
     _inherited(f, st, cfg, source, up)
     cfg.upstream_grid = dict(up.store_grid)
     cfg.upstream_extra = up.extra_sizes()

@@ -113,10 +113,14 @@ def compute_reading(exp, cells: list[dict], device: str, inputs: dict) -> list[d
     worker (never passed through the flow); a cell whose upstream cell is not usable (not done,
     failed, no nets stored) is failed with that reason, not computed. Each computed cell keeps the
     ``cell_hash`` of the upstream cell read with its nets (``upstream_hash``: storage/stale.py)."""
+    from flows.contracts import cells_at, contracts_at
     from storage.nets import load_nets_at, producer
 
     up = experiments.get(producer(inputs["store"], inputs["group"]))
-    nets = load_nets_at(inputs["store"], inputs["group"], [tuple(i) for i in inputs["indices"]], up.rebuild)
+    indices = [tuple(i) for i in inputs["indices"]]
+    nets = load_nets_at(inputs["store"], inputs["group"], indices, up.rebuild)
+    nets.contracts = contracts_at(inputs["store"], inputs["group"], indices)  # what each net is (its producer says)
+    nets.cells = cells_at(inputs["store"], inputs["group"], indices)  # as run, with what they inherited
     ok = [i for i, p in enumerate(nets.problems) if not p]
     out: list[dict] = [{FAILED: p} for p in nets.problems]
     cells = [exp.with_inherited(c, upc) for c, upc in zip(cells, nets.cells)]  # e.g. unlearn retrains with its upstream's lr

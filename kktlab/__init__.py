@@ -7,9 +7,13 @@ def load_nets(path, group: str, **sel):
     """The stored nets of ``group`` for the cells matching ``sel`` (dim=value or dim=[values]) as
     :class:`storage.nets.Nets`, with what their producing experiment kept out of the store rebuilt
     (training rows from indices + checksum, W0 from the seed): :func:`storage.query.load_nets`
-    with that experiment's ``rebuild``."""
+    with that experiment's ``rebuild``, and each net's contract (``nets.contracts``: trained blocks,
+    output layer, forgotten points; flows/contracts.py)."""
     from flows import experiments
-    from storage.nets import producer
+    from flows.contracts import contracts_at
+    from storage.nets import producer, select_indices
     from storage.query import load_nets as load
 
-    return load(path, group, rebuild=experiments.get(producer(path, group)).rebuild, **sel)
+    nets = load(path, group, rebuild=experiments.get(producer(path, group)).rebuild, **sel)
+    nets.contracts = contracts_at(path, group, select_indices(path, group, sel))
+    return nets

@@ -27,9 +27,10 @@ ARRAYS = ("W", "b", "v", "X", "y")
 # Optional per-cell variables a producing stage may store beside the nets (paper 003's lazy_train
 # and adv_train: the init W0, a test set, the training budget); loaded into ``Nets.extra`` when the
 # group has them, cut along hidden/feature like W.
-EXTRAS = ("W0", "X_test", "y_test", "n_test_used", "R_train", "V_train")
+EXTRAS = ("W0", "b0", "X_test", "y_test", "n_test_used", "R_train", "V_train", "forgotten")
 # The own dims of the extras a producer may rebuild instead of storing (Experiment.rebuild).
-REBUILT_DIMS = {"W0": ("hidden", "feature"), "X_test": ("test_sample", "feature"), "y_test": ("test_sample",)}
+REBUILT_DIMS = {"W0": ("hidden", "feature"), "b0": ("hidden",), "X_test": ("test_sample", "feature"),
+                "y_test": ("test_sample",)}
 
 
 @dataclasses.dataclass
@@ -59,6 +60,26 @@ class Nets:
     # name -> (E, ...) tensor of the optional EXTRAS the group stores; extra_dims: name -> its extra dims
     extra: dict = dataclasses.field(default_factory=dict)
     extra_dims: dict = dataclasses.field(default_factory=dict)
+    # each net's core.declare.NetsContract (what its producer declares for its cell; flows/contracts.py)
+    contracts: list = dataclasses.field(default_factory=list)
+
+    def trained(self) -> "torch.Tensor":  # noqa: F821
+        """(E, 3) bool: which of the blocks W, b, v each net trained (its contract; all where none is known)."""
+        import torch
+
+        from core.declare import BLOCKS
+
+        if not self.contracts:
+            return torch.ones(len(self.cells), len(BLOCKS), dtype=torch.bool)
+        return torch.tensor([[b in c.trained for b in BLOCKS] for c in self.contracts], dtype=torch.bool)
+
+    def forgotten(self) -> "torch.Tensor":  # noqa: F821
+        """(E, M) bool: the training points an upstream ``unlearn`` forgot (none for trained nets)."""
+        import torch
+
+        if "forgotten" in self.extra:
+            return self.extra["forgotten"][:, : self.X.shape[1]] > 0.5
+        return torch.zeros(self.X.shape[:2], dtype=torch.bool)
 
     def select(self, idx: list[int]) -> "Nets":
         """The nets at positions ``idx``, cut again to their own largest sizes."""
@@ -72,12 +93,40 @@ class Nets:
         return Nets(self.W[t, :k, :d], self.b[t, :k], self.v[t, :k], self.X[t, :m, :d], self.y[t, :m],
                     self.mask[t, :m], self.d[t], self.m[t], self.width[t], self.rng_state[t],
                     [self.cells[i] for i in idx], [self.problems[i] for i in idx],
-                    [self.hashes[i] for i in idx] if self.hashes else [], extra, dict(self.extra_dims))
+                    [self.hashes[i] for i in idx] if self.hashes else [], extra, dict(self.extra_dims),
+                    [self.contracts[i] for i in idx] if self.contracts else [])
 
 
 def _cut(names, k: int, d: int) -> tuple:
     """Slices of an extra variable's own dims: hidden to k, feature to d, the rest whole."""
     return tuple(slice(0, {"hidden": k, "feature": d}.get(n)) for n in names)
+
+
+def cells_as_run(g: zarr.Group, indices: list[tuple[int, ...]]) -> list[dict]:
+    """The cells of group ``g`` at grid ``indices`` as they were run: the stage's fixed parameters,
+    the cell's coordinates and the config case of each coordinate (``cases`` in the group's identity,
+    e.g. ``{seed: 1, variant: raw}``), never rebuilt from defaults."""
+    ident = json.loads(g.attrs.get("kktlab_identity") or "{}")
+    dims = list(g[schema.DONE].metadata.dimension_names)
+    coords = {dim: np.asarray(g[dim][...]) for dim in dims}
+    out = []
+    for idx in indices:
+        cell = dict(ident.get("params", {}), **{dim: coords[dim][i].item() for dim, i in zip(dims, idx)})
+        for axis, by_value in ident.get("cases", {}).items():
+            if axis in cell:
+                cell.update(by_value.get(str(cell[axis]), {}))
+        out.append(cell)
+    return out
+
+
+def source(path: str | pathlib.Path, group: str) -> tuple[str | None, int]:
+    """The group ``group`` reads from (None for a first stage) and how many of its dims are that group's."""
+    g = zarr.open_group(str(pathlib.Path(path) / group), mode="r", zarr_format=3)
+    up = json.loads(g.attrs.get("kktlab_identity") or "{}").get("from")
+    if not up:
+        return None, 0
+    ug = zarr.open_group(str(pathlib.Path(path) / up), mode="r", zarr_format=3)
+    return up, len(ug[schema.DONE].metadata.dimension_names)
 
 
 def _problem(g: zarr.Group, idx: tuple, label: str) -> str:
@@ -134,8 +183,7 @@ def load_nets_at(path: str | pathlib.Path, group: str, indices: list[tuple[int, 
     coords = {dim: np.asarray(g[dim][...]) for dim in dims}
     coord = [{dim: coords[dim][i].item() for dim, i in zip(dims, idx)} for idx in indices]
     labels = [", ".join(f"{k}={v}" for k, v in c.items()) for c in coord]
-    fixed = json.loads(g.attrs.get("kktlab_identity") or "{}").get("params", {})
-    cells = [{**fixed, **c} for c in coord]  # the upstream cell as it was run: its fixed params and coordinates
+    cells = cells_as_run(g, [tuple(i) for i in indices])  # the upstream cell as it was run, cases included
     problems = [_problem(g, tuple(idx), lab) for idx, lab in zip(indices, labels)]
     for e, idx in enumerate(map(tuple, indices)):  # rows kept as indices: only the producer resolves them
         if rebuild is None and not problems[e] and "data_index" in g and int(g["data_index"][idx + (0,)]) >= 0:

@@ -72,7 +72,7 @@ def test_E1_chain_end_to_end_dims_and_lazy_ball(ran):
     assert [s["written"] for s in stats] == [8, 8, 2, 2] and all(s["failed"] == 0 for s in stats)
     lazy = open_results(ran / "chain.zarr", "lazy").load()
     flips = open_results(ran / "chain.zarr", "flips").load()
-    assert set(flips.delta_rel.dims) == {"data", "d", "C0", "seed", "method", "test_sample"}
+    assert set(flips.delta_rel.dims) == {"data", "d", "C0", "seed", "method", "point"}
     assert dict(lazy.test_index.sizes)["test_sample"] == 64 and dict(lazy.W.sizes)["hidden"] == 64
     assert not {"X", "y", "X_test", "y_test", "W0"} & set(lazy.data_vars)  # indices + checksums, seeds: no copies
     assert (lazy.C0_reached <= lazy.C0).all() and bool(lazy.exited.all())

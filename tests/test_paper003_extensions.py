@@ -227,15 +227,15 @@ def test_X3_ratio_planted_best_attack_and_the_V_star_cut():
     C0, ts = [10.0, 30.0], [0, 1, 2, 3]
     one = lambda v: np.array([v, v])  # noqa: E731 - the same per-point values for both nets
     flips = xr.Dataset({
-        "delta_rel": (("C0", "test_sample"), one([0.2, 0.3, 0.2, 0.2])),
-        "x_norm": (("C0", "test_sample"), np.ones((2, 4))),
-        "delta_deepfool": (("C0", "test_sample"), one([0.5, 0.2, 0.5, 0.5])),
-        "correct": (("C0", "test_sample"), one([1.0, 1.0, 1.0, 0.0])),
-        "done": (("C0",), [True, True])}, coords={"C0": C0, "test_sample": ts})
+        "delta_rel": (("C0", "point"), one([0.2, 0.3, 0.2, 0.2])),
+        "x_norm": (("C0", "point"), np.ones((2, 4))),
+        "delta_deepfool": (("C0", "point"), one([0.5, 0.2, 0.5, 0.5])),
+        "correct": (("C0", "point"), one([1.0, 1.0, 1.0, 0.0])),
+        "done": (("C0",), [True, True])}, coords={"C0": C0, "point": ts})
     pgd = xr.Dataset({
-        "robust": (("C0", "T2", "test_sample"), np.stack([[[1.0, 1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 0.0]]] * 2)),
+        "robust": (("C0", "T2", "point"), np.stack([[[1.0, 1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 0.0]]] * 2)),
         "R_used": (("C0", "T2"), np.full((2, 2), 0.1)), "done": (("C0", "T2"), np.ones((2, 2), bool))},
-        coords={"C0": C0, "T2": [10, 100], "test_sample": ts})
+        coords={"C0": C0, "T2": [10, 100], "point": ts})
     r = x3.ratios(flips, [pgd])
     np.testing.assert_allclose(r.sel(C0=10.0).values[:3], [1.0, 1.5, 2.0], rtol=1e-12)
     assert np.isnan(r.sel(C0=10.0).values[3]) and np.isnan(r.sel(C0=30.0).values).all()

@@ -9,6 +9,7 @@ per training point, and App C's γ(U_d) vs σ_d. Declaration and wiring only; th
 from __future__ import annotations
 
 
+from core.declare import NetsNeeds
 from flows.experiments import Experiment, Param, Var, register, timed
 from tasks.cells import kkt_constructions as cell_fn
 
@@ -65,12 +66,17 @@ def run_bundle(cells: list[dict], device: str = "auto", inputs=None) -> list[dic
     return cell_fn.run(n.W, n.b, n.v, n.X, n.y, n.d, n.m, n.width, [c["n_ops"] for c in cells])
 
 
+def needs(cell: dict) -> NetsNeeds:
+    """Paper 004's Lemmas 2-3 / Thm 4 act on all of θ = (W, b, v)."""
+    return NetsNeeds(trained=(frozenset({"W", "b", "v"}),), why="paper 004's SPLIT / MERGE act on W, b and v")
+
+
 EXPERIMENT = register(Experiment(
     name="kkt_constructions",
     paper="004 Refael, Smorodinsky, Lindenbaum, Safran: No Prior, No Leakage (KKT reconstruction)",
     description="F004-3: merge/split residuals, Thm 4 far sets, Thm 5/8 split budgets vs exact ranges, "
                 "App C on stored nets (reads 'nets')",
-    params=P, variables=V, run_bundle=run_bundle, bundle_key=bundle_key, reads="nets", extra_dims=extra_dims,
+    params=P, variables=V, run_bundle=run_bundle, bundle_key=bundle_key, reads="nets", needs=needs, extra_dims=extra_dims,
     summary=("eps_rel", "merge_split_max", "b8_ok_frac", "b8_keep_frac", "b5_ok_frac", "gamma_ud", "sigma_d"),
     spec_ids=("F004-3", "P004-2", "P004-3", "P004-4", "P004-6", "P004-7"),
 ))

@@ -18,6 +18,7 @@ import functools
 import numpy as np
 import torch
 
+from core.declare import NetsContract
 from core.errors import ConfigError
 from flows.experiments import Experiment, Param, Var, register, timed
 from storage import datasets
@@ -185,9 +186,18 @@ def rebuild(cell: dict, read) -> dict:
     tr_name, te_name = FILES[cell["data"]]
     X, y = prepared(cell, tr_name, read("data_index")[: int(read("m_used"))], int(read("data_checksum")))
     Xt, yt = prepared(cell, te_name, read("test_index")[: int(read("n_test_used"))], int(read("test_checksum")))
-    W0 = cell_fn.init_stack([cell["seed"]], cell["d"], cell["m"], cell_fn.has_bias(cell), getattr(torch, cell["dtype"]),
-                            torch.device("cpu"))[0][0]
-    return {"X": X.numpy(), "y": y.numpy(), "X_test": Xt.numpy(), "y_test": yt.numpy(), "W0": W0.double().numpy()}
+    W0, _, b0, _ = cell_fn.init_stack([cell["seed"]], cell["d"], cell["m"], cell_fn.has_bias(cell),
+                                      getattr(torch, cell["dtype"]), torch.device("cpu"))
+    return {"X": X.numpy(), "y": y.numpy(), "X_test": Xt.numpy(), "y_test": yt.numpy(), "W0": W0[0].double().numpy(),
+            "b0": b0[0].double().numpy()}
+
+
+def nets(cell: dict, upstream=None) -> NetsContract:
+    """Paper 003 lazy nets: W trained, b trained when the variant has a bias (spec 003 §2.2), the top
+    layer a/√m frozen; the init (W0, b0) and the test set come back through :func:`rebuild`."""
+    trained = {"W", "b"} if cell_fn.has_bias(cell) else {"W"}
+    return NetsContract(arrays=frozenset({"W0", "b0", "X_test", "y_test"}), trained=frozenset(trained),
+                        output="frozen", trainer="lazy_train", data=cell["data"])
 
 
 @timed
@@ -202,6 +212,6 @@ EXPERIMENT = register(Experiment(
     paper="003 Wang, Ullah, Mianjy, Arora: Adversarial robustness is at odds with lazy training",
     description="lazy SGD to the exit of the ball ||W - W0||_{2,inf} <= C0/sqrt(m), snapshots per C0 (produces nets)",
     params=P, variables=V, run_bundle=run_bundle, bundle_key=bundle_key, cost=cost, check=check, memory=memory,
-    memory_fields=("m", "d"), extra_dims=extra_dims, produces=("nets",), rebuild=rebuild,
+    memory_fields=("m", "d"), extra_dims=extra_dims, produces=("nets",), rebuild=rebuild, nets=nets,
     summary=("test_acc", "exited", "steps", "C0_reached"), spec_ids=("E1", "E2", "E3", "X2", "X6"),
 ))

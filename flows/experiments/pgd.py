@@ -1,15 +1,22 @@
 """Experiment ``pgd`` (paper 003 §5.2, Fig 4; spec 003 §2.8, §2.10; E4, E5, X1, X3): robust test
 accuracy of the nets an ``adv_train`` (or ``lazy_train``) stage stored, under PGD-l2 with the
 paper's step ``2.5 R/T2``. By default each net is attacked at the budget it was trained with
-(spec §6 #21). Declaration and wiring only (``tasks/cells/pgd.py``)."""
+(spec §6 #21). With ``points: train`` it attacks the nets' training points instead (any producer,
+``unlearn`` included: forgotten and retained points apart). Random starts are seeded per cell (the
+attack seed, the upstream cell and R), never by a net's place in its bundle. Declaration and wiring
+only (``tasks/cells/pgd.py``)."""
 
 from __future__ import annotations
 
 
+import hashlib
+
 import torch
 
+from core.declare import NetsNeeds
 from core.errors import UserError
 from flows.experiments import Experiment, Param, Var, register, timed
+from flows.experiments.single_step import attacked_points
 from flows.bundles import memory_budget
 from tasks.attacks import chunk_for
 from tasks.cells import pgd as cell_fn
@@ -17,6 +24,8 @@ from tasks.cells import pgd as cell_fn
 PGD_BLOCKS = 6  # (E, chunk, m) blocks alive in one PGD step (pre-activations, mask, products)
 
 P = {
+    "points": Param(str, "test", "the points attacked: the upstream's test set, or its training points",
+                    choices=("test", "train")),
     "budget": Param(str, "train", "train: attack at the upstream net's training R (R_train); given: at R",
                     choices=("train", "given")),
     "R": Param(float, 0.2, "PGD budget ||delta|| when budget is 'given'", min=0),
@@ -39,7 +48,9 @@ V = {
     "clean_acc": Var("1", "clean test accuracy", finite=True),
     "R_used": Var("1", "the budget attacked with", finite=True),
     "max_delta": Var("1", "largest ||x_adv - x|| (<= R)", finite=True),
-    "robust": Var("1", "1 if the test point stayed correct under every restart", dims=("test_sample",)),
+    "robust": Var("1", "1 if the point stayed correct under every restart", dims=("point",)),
+    "rta_forgotten": Var("1", "robust accuracy over the points an upstream unlearn stage forgot (NaN: none)"),
+    "rta_retained": Var("1", "robust accuracy over the other points"),
     "wall_s": Var("s", "bundle wall time divided by its cells", finite=True),
 }
 
@@ -56,8 +67,28 @@ def run_bundle(cells: list[dict], device: str = "auto", inputs=None) -> list[dic
     else:
         R = torch.tensor([float(c["R"]) for c in cells], dtype=torch.float64)
     chunk = cells[0]["chunk"] or chunk_for(len(cells), int(n.W.shape[1]), memory_budget("cpu", 1), PGD_BLOCKS)
-    return cell_fn.attack(n.W, n.b, n.v, ex["X_test"], ex["y_test"], ex["n_test_used"].long(), R,
-                         [dict(c, chunk=chunk) for c in cells])
+    X, y, count, gone = attacked_points(n, cells[0]["points"])
+    return cell_fn.attack(n.W, n.b, n.v, X, y, count, R, [dict(c, chunk=chunk) for c in cells],
+                          seeds=[cell_seed(c, up, float(r)) for c, up, r in zip(cells, n.cells, R)], forgotten=gone)
+
+
+def cell_seed(cell: dict, upstream: dict, R: float) -> int:
+    """The random-start seed of one cell: its attack seed, the upstream cell it attacks and its budget
+    (issue 29 item 2: a cell's numbers never depend on its bundle mates)."""
+    key = f"{cell['attack_seed']}|{sorted(upstream.items())!r}|{R!r}"
+    return int(hashlib.sha256(key.encode()).hexdigest()[:15], 16)
+
+
+def needs(cell: dict) -> NetsNeeds:
+    arrays = {"X_test", "y_test"} if cell["points"] == "test" else set()
+    if cell["budget"] == "train":
+        arrays.add("R_train")
+    return NetsNeeds(arrays=frozenset(arrays), why="points: test reads a test set; budget: train the training "
+                     "budget R_train of adv_train (else budget: given and R)")
+
+
+def extra_dims(cells: list[dict]) -> dict:
+    return {"point": sorted({"test_sample" if c["points"] == "test" else "sample" for c in cells})}
 
 
 def bundle_key(cell: dict) -> tuple:
@@ -68,6 +99,7 @@ EXPERIMENT = register(Experiment(
     name="pgd",
     paper="003 Wang, Ullah, Mianjy, Arora: Adversarial robustness is at odds with lazy training",
     description="robust test accuracy under PGD-l2 (step 2.5R/T2, projection every step) on stored nets (reads 'nets')",
-    params=P, variables=V, run_bundle=run_bundle, bundle_key=bundle_key, reads="nets",
+    params=P, variables=V, run_bundle=run_bundle, bundle_key=bundle_key, reads="nets", needs=needs,
+    extra_dims=extra_dims,
     summary=("rta", "rta_strict", "clean_acc", "R_used"), spec_ids=("E4", "E5", "X1", "X3", "X5"),
 ))

@@ -68,6 +68,13 @@ V = {
     "ssim": Var("1", "SSIM with the nearest training image, shift taken off (CIFAR, d = 3072; NaN otherwise)",
                 dims=_cand),
     "candidates": Var("1", "the final candidates x'_i (in the shifted space; NaN past d)", dims=("candidate", "feature")),
+    "point_dist": Var("l2 norm", "per training point: distance of the best candidate to it (shift taken off)",
+                      dims=("sample",)),
+    "recovered_forgotten": Var("1", "fraction of the points an upstream unlearn stage forgot whose best candidate "
+                               "is within rho (spec 004 §2.5; NaN: none forgotten)"),
+    "recovered_retained": Var("1", "the same for the retained training points"),
+    "dist_forgotten": Var("l2 norm", "mean best-candidate distance of the forgotten points (NaN: none)"),
+    "dist_retained": Var("l2 norm", "mean best-candidate distance of the retained points"),
 }
 
 
@@ -94,7 +101,8 @@ def run_bundle(cells: list[dict], device: str = "auto", inputs=None) -> list[dic
     dev = "cuda" if device in ("auto", "cuda") and torch.cuda.is_available() else "cpu"
     if dev == "cuda":  # float64 throughout; never TF32 on a side path (X004-3)
         torch.backends.cuda.matmul.allow_tf32 = False
-    return cell_fn.run(n.W, n.b, n.v, n.X, n.y, n.mask, n.d, n.m, n.width, cells, device=dev)
+    return cell_fn.run(n.W, n.b, n.v, n.X, n.y, n.mask, n.d, n.m, n.width, cells, device=dev, blocks=n.trained(),
+                       forgotten=n.forgotten())
 
 
 EXPERIMENT = register(Experiment(

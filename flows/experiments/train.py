@@ -20,6 +20,7 @@ import torch
 
 from core.errors import ConfigError
 from flows import checkpoint as checkpoint_io
+from core.declare import NetsContract
 from flows.experiments import Experiment, Param, Var, nonrobust, register
 from tasks import data as synthetic
 from tasks import nets, train
@@ -201,12 +202,17 @@ def train_logged(cells: list[dict], device: str, checkpoint: str | None, sets: l
     return out
 
 
+def nets(cell: dict, upstream=None) -> NetsContract:
+    """Paper 002 / 004 nets: W, b and v all trained (spec 002 §2.2, spec 004 §2.1)."""
+    return NetsContract(trainer="train", data=cell["data"])
+
+
 EXPERIMENT = register(Experiment(
     name="train",
     paper="002 Vardi, Yehudai, Shamir (the training of nonrobust, as a stage)",
     description="train two-layer ReLU nets to loss 1e-30 and store them (stage 1 of a chain; then universal_attack)",
     params=P, variables=V, run_bundle=run_bundle, bundle_key=nonrobust.bundle_key, cost=nonrobust.cost,
     check=check, memory=memory, memory_fields=("d", "m", "alpha", "width"), checkpoints=True,
-    extra_dims=extra_dims, produces=("nets",), rebuild=rebuild,
+    extra_dims=extra_dims, produces=("nets",), rebuild=rebuild, nets=nets,
     summary=("m_used", "status", "iters", "log10_loss", "train_acc"),
 ))

@@ -11,6 +11,7 @@ use the train stage's ``sample`` dim.
 from __future__ import annotations
 
 
+from core.declare import NetsNeeds
 from flows.experiments import Experiment, Var, register, timed
 from flows.experiments import nonrobust
 from tasks.cells import universal_attack as cell_fn
@@ -19,6 +20,13 @@ P = {k: nonrobust.P[k] for k in ("slack", "attack", "kkt_max_m")}
 TRAINING = ("iters", "status", "log10_loss", "wall_s")
 V = {k: v for k, v in nonrobust.V.items() if k not in TRAINING}
 V["wall_s"] = Var("s", "bundle analysis wall time divided by the bundle's cells", finite=True)
+
+
+WHY = "paper 002's KKT fit and Thm 4.1 check are over W, b and v"
+
+
+def needs(cell: dict) -> NetsNeeds:
+    return NetsNeeds(trained=(frozenset({"W", "b", "v"}),), why=WHY)
 
 
 def bundle_key(cell: dict) -> tuple:
@@ -38,7 +46,7 @@ EXPERIMENT = register(Experiment(
     name="universal_attack",
     paper="002 Vardi, Yehudai, Shamir: Gradient methods provably converge to non-robust networks",
     description="smallest universal flip c* along z, margins, KKT fit, Thm 4.1 / 3.1 on stored nets (reads 'nets')",
-    params=P, variables=V, run_bundle=run_bundle, bundle_key=bundle_key, reads="nets",
+    params=P, variables=V, run_bundle=run_bundle, bundle_key=bundle_key, reads="nets", needs=needs,
     summary=("m_used", "train_acc", "margin_frac", "gamma", "c_star", "c_star_rel", "kkt_eps"),
     spec_ids=("Fig1a", "Fig1b", "Fig2a", "Fig2b", "E4", "E5", "E6"),
 ))

@@ -7,6 +7,14 @@ with their preconditions. Declaration and wiring only; the maths is ``tasks/cell
 
 Axes: method, alpha, forget (index l, -1 one random l per net, -2 every l: the max over l that
 Def 2.2 asks for), k. Its group's dims are the train stage's dims followed by its own.
+
+A producer too (the ``nets`` contract, core.declare.NetsContract): each cell with one forget set
+stores its unlearned net θ̂ (``ga``, ``k_ga``, ``sequential_ga``; the retrained net for ``retrain``,
+θ itself for ``identity``: the references) as ``train`` stores a trained one, with the training set
+and ``forgotten``, the points removed, so attack, reconstruct and forging stages read it as they
+read a trained net and report forgotten and retained points apart. Nets with a trained bias
+(paper 003's raw variant) are measured and stepped with their bias (the bias a first-layer weight
+on a constant feature); their output layer must be frozen (paper 001's u, paper 003's a/√m).
 The retrain reference and D_MG test points redraw what training drew: ``init_scale``, ``retrain_*``,
 ``mu_*``, ``loss`` and ``model`` are taken from the train stage's cell (``INHERITS``: its fixed
 parameters and coordinates, which ``storage.nets.load_nets_at`` gives with the nets); a config sets
@@ -17,7 +25,9 @@ parameter, e.g. a paper-002 ``train`` stage has no mu_a).
 from __future__ import annotations
 
 
+from core.declare import NetsContract, NetsNeeds
 from flows.experiments import Experiment, Param, Var, register, timed
+from flows.experiments import train as train_exp
 from tasks.cells import unlearn as cell_fn
 from tasks.data.mixture import SCALINGS
 from tasks.unlearn import METHODS
@@ -45,6 +55,7 @@ P = {
                          min=0, max=10**6),
     "mu_a": Param(float, 0.1, "the train stage's mu_a", min=0, max=1),
     "mu_scaling": Param(str, "sec6", "the train stage's mu_scaling", choices=SCALINGS),
+    "store_nets": Param(bool, True, "store each unlearned net (forget >= -1) for later stages (false: numbers only)"),
 }
 
 F = lambda units, doc: Var(units, doc)  # noqa: E731
@@ -100,6 +111,19 @@ V = {
     "lemma_lower": Var("1", "Lemma B.2 (linear) / C.4 (two-layer) holds", "int8"),
     "wall_s": Var("s", "bundle wall time divided by its cells", finite=True),
     "eps_l": Var("l2 norm", "ε per forgotten anchor l (NaN where l was not forgotten)", dims=("sample",)),
+    # the unlearned net (the nets contract; empty where forget = -2 or store_nets: false)
+    "d_used": train_exp.V["d_used"],
+    "nets_stored": Var("1", "1 if W, b, v, X, y hold this cell's unlearned net (one forget set, store_nets)", "int8",
+                       finite=True),
+    "W": Var("1", "unlearned first-layer weights ŵ_j (zero past width_used, d_used)", dims=("hidden", "feature"), pad=0.0),
+    "b": Var("1", "unlearned biases (trained bias only; else the upstream's zeros)", dims=("hidden",), pad=0.0),
+    "v": Var("1", "output layer (frozen: the upstream's)", dims=("hidden",), pad=0.0),
+    "X": Var("1", "the upstream's training points, forgotten ones included (zero past m_used, d_used)",
+             dims=("sample", "feature"), pad=0.0),
+    "y": Var("1", "training labels (zero past m_used)", dims=("sample",), pad=0.0),
+    "forgotten": Var("1", "1 at the training points this cell forgot (indices into the upstream's training set)",
+                     "int8", dims=("sample",)),
+    "batch_rng_state": Var("byte", "the upstream net's generator state, handed on", "uint8", dims=("rng_byte",)),
 }
 
 
@@ -119,7 +143,29 @@ def run_bundle(cells: list[dict], device: str = "auto", inputs=None) -> list[dic
     """``inputs``: the upstream nets of ``cells``, in order (storage.nets.Nets), float64 on the CPU."""
     n = inputs
     keys = [repr(sorted(c.items())) for c in n.cells]
-    return cell_fn.unlearn(n.W, n.v, n.X, n.y, n.mask, n.d, n.m, n.width, n.rng_state, keys, cells)
+    return cell_fn.unlearn(n.W, n.b, n.v, n.X, n.y, n.mask, n.d, n.m, n.width, n.rng_state, keys, cells,
+                           train_bias=n.trained()[:, 1])
+
+
+def nets(cell: dict, upstream: NetsContract | None) -> NetsContract:
+    """The upstream's nets, unlearned: same trained blocks and output layer, plus ``forgotten``; the
+    upstream's init and test set are not handed on. One net per cell unless forget = -2."""
+    up = upstream or NetsContract()
+    return NetsContract(arrays=frozenset({"forgotten"}), trained=up.trained, output=up.output, trainer=up.trainer,
+                        data=up.data, single=cell["forget"] != -2)
+
+
+def needs(cell: dict) -> NetsNeeds:
+    """Paper 001's setting: a frozen output layer, W trained (and a bias, measured with it); never nets
+    something was already forgotten from; the retrain reference and D_MG test points redraw what
+    ``train_kkt`` drew."""
+    redraw = cell["method"] == "retrain" or cell["ref_retrain"] or cell["test_points"] > 0
+    return NetsNeeds(trained=(frozenset({"W"}), frozenset({"W", "b"})), output="frozen",
+                     without=frozenset({"forgotten"}),
+                     trainers=frozenset({"train_kkt"}) if redraw else frozenset(),
+                     data=frozenset({"d_mg"}) if cell["test_points"] > 0 else frozenset(),
+                     why="paper 001: GA on W with u frozen; retrain / ref_retrain / test_points redraw train_kkt's "
+                         "init and D_MG points")
 
 
 EXPERIMENT = register(Experiment(
@@ -127,6 +173,7 @@ EXPERIMENT = register(Experiment(
     paper="001 Provable unlearning with gradient ascent on two-layer ReLU networks",
     description="GA / k-GA / retrain unlearning judged by the KKT criterion (Def 2.2) on stored nets (reads 'nets')",
     params=P, variables=V, run_bundle=run_bundle, bundle_key=bundle_key, reads="nets", inherits=INHERITS,
+    produces=("nets",), nets=nets, needs=needs,
     cost=lambda c: 1.0 + (c.get("retrain_epochs", 10**5) if c["method"] == "retrain" or c["ref_retrain"] else 0),
     summary=("m_used", "eps", "delta", "eps_rel", "eps1", "tau_fixed", "cos_svm", "preconditions_met"),
     spec_ids=("F001-1", "F001-2", "F001-3", "F001-4", "F001-5", "F001-6", "P001-4", "P001-5", "P001-6", "P001-7",

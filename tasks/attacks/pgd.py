@@ -64,13 +64,13 @@ def pgd_l2(net: TwoLayer, X: torch.Tensor, y: torch.Tensor, R: torch.Tensor, *, 
         raise ValueError("PGD budget R must be >= 0")
     alpha = 2.5 * R / steps if alpha is None else alpha.to(X.dtype).to(X.device)
     outs, rob, strict = [], [], []
+    if random_start:  # every start drawn before chunking: the chunk size never changes a net's stream
+        if generators is None:
+            raise ValueError("random_start needs one generator per model")
+        starts = random_in_ball(tuple(X.shape), R, generators, X.dtype).to(X.device)
     for lo in range(0, X.shape[1], chunk):
         x0, yc = X[:, lo:lo + chunk], y[:, lo:lo + chunk]
-        xa = x0.clone()
-        if random_start:
-            if generators is None:
-                raise ValueError("random_start needs one generator per model")
-            xa = x0 + random_in_ball(tuple(x0.shape), R, generators, X.dtype).to(X.device)
+        xa = x0 + starts[:, lo:lo + chunk] if random_start else x0.clone()
         ok = yc * net(xa) > 0
         for _ in range(steps):
             f, g = input_grad(net, xa)

@@ -34,13 +34,20 @@ def check_shapes(W, b, v, X, y, d, m, width) -> None:
         raise ValueError("upstream nets: d_used / width_used / m_used exceed the stored arrays (shape mismatch)")
 
 
-def run(W, b, v, X, y, mask, d, m, width, cells: list[dict], device: str = "cpu") -> list[dict]:
+def run(W, b, v, X, y, mask, d, m, width, cells: list[dict], device: str = "cpu", blocks=None,
+        forgotten=None) -> list[dict]:
     """W (E,k,d), b, v (E,k), X (E,m,d), y (E,m), mask (E,m), d, m, width (E,) as ``storage.nets.Nets``
     holds them (float64, zero padded); ``cells`` the rows' parameters (one init, objective,
     candidate count, step count and box flag per bundle). The inits are drawn on the CPU, the attack
-    runs on ``device`` in float64. Returns one dict of numbers per cell."""
+    runs on ``device`` in float64. ``blocks`` (E,3) bool: which of W, b, v each net trained (the
+    nets contract; stationarity over those only); ``forgotten`` (E,m) bool: the training points an
+    upstream unlearn stage removed (recovery of forgotten and retained points apart). Returns one
+    dict of numbers per cell."""
     check_shapes(W, b, v, X, y, d, m, width)
     W, b, v, X, y, mask, d = (t.to(device) for t in (W, b, v, X, y, mask, d))
+    blocks = torch.ones(W.shape[0], 3, dtype=torch.bool) if blocks is None else blocks
+    blocks = blocks.to(device)
+    gone = torch.zeros_like(mask) if forgotten is None else forgotten[:, : mask.shape[1]].to(device) & mask
     c0 = cells[0]
     E, _, D = W.shape
     l = c0["n_candidates"]
@@ -57,11 +64,13 @@ def run(W, b, v, X, y, mask, d, m, width, cells: list[dict], device: str = "cpu"
     lam_min = dev_t("lam_min")
     res = atk.optimise(W, b_att, v, x0, lam0, yc, lr_x=dev_t("lr_x"), lr_lam=dev_t("lr_lam"), alpha=alpha,
                        lam_min=lam_min, steps=c0["steps"], objective_name=c0["objective"], box=c0["box"],
-                       feature_mask=fmask, n_trace=N_TRACE)
-    theta2 = W.pow(2).sum((1, 2)) + b_att.pow(2).sum(1) + v.pow(2).sum(1)
+                       feature_mask=fmask, n_trace=N_TRACE, blocks=blocks)
+    bw = blocks.to(W.dtype)  # ||theta||^2 over the trained blocks
+    theta2 = bw[:, 0] * W.pow(2).sum((1, 2)) + bw[:, 1] * b_att.pow(2).sum(1) + bw[:, 2] * v.pow(2).sum(1)
     scale = objective.SCALES[c0["objective"]](l)
     R = objective.residual(W, b_att, v, res.x, yc, res.lam, scale=scale)  # exact step derivative (X004-2)
-    res_exact = objective.residual_norm2(R).sqrt() / theta2.sqrt()
+    res_exact = objective.residual_norm2(R, blocks).sqrt() / theta2.sqrt()
+    per_point = point_recovery(res.x - u[:, None, :], X, mask, gone, c0["rho"])
     sc = score.score_all(res.x, res.lam, Xs, mask, fmask, lam_min, c0["rho"])
     sc0 = score.score_all(x0, lam0, Xs, mask, fmask, lam_min, c0["rho"])
     best10 = sc.dist.argsort(1)[:, : min(10, l)]  # P004-17: the 10 best, judged with the shift taken off
@@ -87,7 +96,25 @@ def run(W, b, v, X, y, mask, d, m, width, cells: list[dict], device: str = "cpu"
             "candidates": res.x[e, :, :de].numpy(), "ssim": sim.numpy(),
             "ssim10": float(sim[sc.dist[e].argsort()[:10]].mean()), "ssim_max": float(sim.max()),
             "avg_frac": float(closer[e].double().mean()), "avg_ratio": float(ratio[e].median()),
+            **{k: (t[e].numpy() if t.dim() == 2 else float(t[e])) for k, t in per_point.items()},
         })
+    return out
+
+
+def point_recovery(Xc, X, mask, gone, rho: float) -> dict:
+    """Per training point the distance of the best candidate to it (spec 004 §2.5 read from the
+    point's side) and, for the points an upstream unlearn stage forgot and for the retained ones,
+    the fraction recovered (best candidate within ``rho``) and the mean best distance.
+    Xc (E,l,d) candidates with any shift taken off, X (E,m,d), mask / gone (E,m) bool."""
+    D = torch.cdist(X, Xc, compute_mode="donot_use_mm_for_euclid_dist").amin(-1)  # (E,m)
+    D = torch.where(mask, D, torch.full_like(D, math.nan)).cpu()
+    rec = (D <= rho).to(D.dtype)
+    out = {"point_dist": D}
+    for name, sel in (("forgotten", (gone & mask).cpu()), ("retained", (mask & ~gone).cpu())):
+        n = sel.sum(1).to(D.dtype)
+        none = n == 0
+        out[f"recovered_{name}"] = torch.where(none, math.nan, (rec * sel).sum(1) / n.clamp_min(1))
+        out[f"dist_{name}"] = torch.where(none, math.nan, torch.nan_to_num(D * sel).sum(1) / n.clamp_min(1))
     return out
 
 

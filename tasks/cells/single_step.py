@@ -18,18 +18,26 @@ SAMPLE_VARS = ("f", "f0", "gnorm", "gnorm0", "eta_star", "t_lin", "t_ratio", "de
 
 
 def _median(t: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Per-net median over the real test points (finite values only), (E,)."""
+    """Per-net median over the points in ``mask`` (finite values only; the usual median: the midpoint
+    of the two middle values for an even count, not torch's lower median), (E,)."""
     out = []
     for row, keep in zip(t, mask):
         x = row[keep & torch.isfinite(row)]
-        out.append(x.median() if len(x) else torch.tensor(float("nan"), dtype=row.dtype))
+        out.append(torch.quantile(x, 0.5) if len(x) else torch.tensor(float("nan"), dtype=row.dtype))
     return torch.stack(out)
 
 
-def attack(W, b, v, W0, Xt, yt, n_test, V_nominal, cells: list[dict], chunk: int) -> list[dict]:
-    """W, W0 (E,m,d), b, v (E,m), Xt (E,nt,d), yt (E,nt) float64 as stored; ``n_test`` (E,) real
-    test points; ``V_nominal`` (E,) the lazy radius C0/√m of each net (for ``n_margin_V``)."""
-    net, net0 = TwoLayer(W, b, v), TwoLayer(W0, b, v)
+def attack(W, b, v, W0, b0, Xt, yt, n_test, V_nominal, cells: list[dict], chunk: int,
+           forgotten: torch.Tensor | None = None) -> list[dict]:
+    """W (E,m,d), b, v (E,m), Xt (E,nt,d), yt (E,nt) float64 as stored; ``n_test`` (E,) real
+    points attacked (a test set, or the training set); ``V_nominal`` (E,) the lazy radius C0/√m of
+    each net (for ``n_margin_V``). The "at init" diagnostics (f0, gnorm0, n_flip_W, n_margin_V) are
+    on the init net (W0, b0), spec 003 §2.11; W0 None (nets that store no init): NaN.
+    ``forgotten`` (E,nt) bool: the points an upstream unlearn stage forgot (medians apart)."""
+    no_init = W0 is None
+    if no_init:
+        W0, b0 = torch.zeros_like(W), torch.zeros_like(b)
+    net, net0 = TwoLayer(W, b, v), TwoLayer(W0, b0, v)
     E, nt, _ = Xt.shape
     mask = torch.arange(nt)[None, :] < n_test[:, None]
     method = STEP_ATTACKS[cells[0]["method"]]
@@ -58,8 +66,13 @@ def attack(W, b, v, W0, Xt, yt, n_test, V_nominal, cells: list[dict], chunk: int
         "n_margin_V": n_margin_V.double(), "n_flip_delta": n_flip_delta.double(),
         "correct": (yt * r.f > 0).double(), "delta_deepfool": delta_df,
     }
+    if no_init:
+        vals.update({k: torch.full_like(t, float("nan")) for k in ("f0", "gnorm0", "n_flip_W", "n_margin_V")})
     vals = {k: torch.where(mask, x.double(), torch.full_like(x.double(), float("nan"))) for k, x in vals.items()}
     med = {k: _median(vals[k], mask) for k in ("delta_rel", "eta_star", "eta_rel", "gnorm", "rho", "t_ratio", "t_thm")}
+    gone = torch.zeros_like(mask) if forgotten is None else forgotten[:, :nt] & mask
+    delta = vals["eta_star"] * vals["gnorm"]  # ||delta*|| = t* ||grad f||
+    med["delta_forgotten"], med["delta_retained"] = _median(delta, gone), _median(delta, mask & ~gone)
     flip = (torch.isfinite(t) & mask).double().sum(1) / n_test.double()
     out = []
     for e in range(E):
@@ -67,6 +80,6 @@ def attack(W, b, v, W0, Xt, yt, n_test, V_nominal, cells: list[dict], chunk: int
         res.update({f"med_{k}": float(x[e]) for k, x in med.items()})
         res["flip_frac"] = float(flip[e])
         res["test_acc"] = float(vals["correct"][e][mask[e]].mean())
-        res["sqrt_d"] = math.sqrt(int((W0[e].abs().sum(0) > 0).sum()))
+        res["sqrt_d"] = math.sqrt(int((W[e].abs().sum(0) > 0).sum()))
         out.append(res)
     return out

@@ -100,10 +100,51 @@ def _test_acc(W, u, W_hat, rng, d, cs, linear):
     return acc0, acc1, sig0, sig1
 
 
-def unlearn(W, v, X, y, mask, d, m, width, rng, keys: list[str], cells: list[dict]) -> list[dict]:
-    """W (E,n,d), v (E,n), X (E,M,d), y (E,M), mask (E,M), d, m, width (E,) int, rng (E,bytes) uint8:
+def with_bias_column(W, b, X, mask, train_bias):
+    """Nets whose bias is trained as first-layer weights on inputs with a constant feature: W' = [W, b],
+    x' = [x, 1], so f, its gradient over (W, b), the KKT measures and the GA step all carry the bias
+    (paper 003's biased lazy nets). Nets without a trained bias get a 0 feature (their b must be 0:
+    a frozen non-zero bias is refused). Returns (W' (E,n,d+1), X' (E,M,d+1))."""
+    frozen = ~train_bias & (b.abs().amax(-1) > 0)
+    if bool(frozen.any()):
+        raise ValueError("unlearn needs a trained bias or none: these nets have a fixed non-zero bias (adv_train "
+                         "with bias on); the GA step and the KKT measures are over W alone")
+    one = (mask & train_bias[:, None]).to(X.dtype).unsqueeze(-1)
+    return torch.cat([W, b.unsqueeze(-1)], -1), torch.cat([X, one], -1)
+
+
+# A cell that stores no net (forget = -2 measures m of them; store_nets: false): every array empty (all fill).
+NO_NET = {"nets_stored": 0, **{k: torch.zeros((0,) * r, dtype=torch.float64).numpy() for k, r in
+                              (("W", 2), ("b", 1), ("v", 1), ("X", 2), ("y", 1))},
+          "forgotten": torch.zeros(0, dtype=torch.int8).numpy(), "batch_rng_state": torch.zeros(0, dtype=torch.uint8).numpy()}
+
+
+def stored_nets(W_hat, v, X, y, d, m, width, rng, F, anchors_ok, biased: bool) -> list[dict]:
+    """Per net and α the unlearned net as a producer stores it (the ``nets`` contract): W, b (split off
+    the bias column), v, the training set X, y (forgotten points included, flagged by ``forgotten``),
+    true sizes and the upstream's generator state. W_hat (E,1,A,n,d'), F (E,1,M) bool."""
+    E, A = W_hat.shape[0], W_hat.shape[2]
+    out = []
+    for e in range(E):
+        n, de, me = int(width[e]), int(d[e]), int(m[e])
+        rows = []
+        for a in range(A):
+            Wa = W_hat[e, 0, a]
+            b = Wa[:n, -1] if biased else torch.zeros(n, dtype=Wa.dtype)
+            rows.append({"W": Wa[:n, :de].numpy(), "b": b.numpy(), "v": v[e, :n].numpy(), "X": X[e, :me, :de].numpy(),
+                         "y": y[e, :me].numpy(), "forgotten": F[e, 0, :me].to(torch.int8).numpy(),
+                         "d_used": de, "nets_stored": 1, "batch_rng_state": rng[e].to(torch.uint8).numpy()})
+        out.append(rows)
+    return out
+
+
+def unlearn(W, b, v, X, y, mask, d, m, width, rng, keys: list[str], cells: list[dict],
+            train_bias: torch.Tensor | None = None) -> list[dict]:
+    """W (E,n,d), b, v (E,n), X (E,M,d), y (E,M), mask (E,M), d, m, width (E,) int, rng (E,bytes) uint8:
     the upstream nets of ``cells`` in order (repeats: one net, several α); ``keys`` name each cell's
-    upstream cell. Returns one dict per cell."""
+    upstream cell; ``train_bias`` (E,) bool: whose bias was trained (their contract; then the bias
+    takes part in the measures and the step, :func:`with_bias_column`). Returns one dict per cell,
+    with the unlearned net (:func:`stored_nets`) where the cell has one forget set and ``store_nets``."""
     c0 = cells[0]
     linear, tol, method = c0["model"] == "linear", c0["tie_tol"], c0["method"]
     for f in ("model", "loss", "init_scale", "retrain_lr", "retrain_wd", "retrain_epochs"):
@@ -112,10 +153,19 @@ def unlearn(W, v, X, y, mask, d, m, width, rng, keys: list[str], cells: list[dic
                              f"{sorted({c[f] for c in cells})}; give the unlearn stage one value per run")
     uniq = list(dict.fromkeys(keys))
     pick = torch.tensor([keys.index(k) for k in uniq])
-    W, v, X, y, mask = (t[pick].double() if t.is_floating_point() else t[pick] for t in (W, v, X, y, mask))
+    W, b, v, X, y, mask = (t[pick].double() if t.is_floating_point() else t[pick] for t in (W, b, v, X, y, mask))
     d, m, width, rng = d[pick], m[pick], width[pick], rng[pick]
     y = torch.where(mask, y, torch.zeros_like(y))
     _check_nets(v, width, linear)
+    stats = bnd.data_stats(X, mask, 1)  # Assumption 2.3's ψ̂, φ̂ on the data as given (before a bias column)
+    X_data = X
+    tb = torch.zeros(len(uniq), dtype=torch.bool) if train_bias is None else train_bias[pick]
+    biased = bool(tb.any()) or bool(b.abs().amax() > 0)
+    if biased:
+        if method == "retrain" or c0["ref_retrain"] or c0["test_points"] > 0:
+            raise ValueError("retrain, ref_retrain and test_points redraw paper 001's bias-free init and D_MG data: "
+                             "not for nets with a bias")
+        W, X = with_bias_column(W, b, X, mask, tb)
     u = None if linear else v
     alphas = torch.tensor(sorted({float(c["alpha"]) for c in cells}), dtype=torch.float64)
     F, anchors, ok = forget_sets(c0, m, uniq)
@@ -140,7 +190,6 @@ def unlearn(W, v, X, y, mask, d, m, width, rng, keys: list[str], cells: list[dic
     retain = (mask[:, None] & ~F)  # (E,L,M)
     rv = retain[:, :, None]
     n_true = torch.ones(E, dtype=torch.float64) if linear else width.double()
-    stats = bnd.data_stats(X, mask, 1)
     eps_d = 4 * m.double() * stats["phi"] * (1 if linear else n_true)
     q0 = y * outputs(W, u, X)
     cnt = lambda ok_, w: (ok_.double() * w).sum(-1) / w.sum(-1).clamp_min(1)  # noqa: E731
@@ -179,12 +228,16 @@ def unlearn(W, v, X, y, mask, d, m, width, rng, keys: list[str], cells: list[dic
         out["acc_after"], out["forgot_after"] = cnt(q1 > 0, rv.double()), cnt(q1 > 0, F[:, :, None].double())
         if c0["test_points"] > 0:
             out["acc0"], out["acc1"], out["sig0"], out["sig1"] = _test_acc(W, v, W_hat, rng, d, per_net, linear)
+        if keep_nets:
+            out["W_hat"] = W_hat
         return out
 
+    keep_nets = L == 1 and any(c.get("store_nets", True) for c in cells)
     size = E * L * (W.shape[1] + X.shape[1]) * W.shape[2]  # elements of one α's nets (and gradients)
     step = max(1, int(ALPHA_CHUNK // max(1, size)))
     parts = [chunk(alphas[i:i + step]) for i in range(0, A, step)]  # chunks of α (memory), not of nets
-    T = {k: torch.cat([p[k] for p in parts], 2) if parts[0][k].dim() == 3 else parts[0][k] for k in parts[0]}
+    T = {k: torch.cat([p[k] for p in parts], 2) if parts[0][k].dim() in (3, 5) else parts[0][k] for k in parts[0]}
+    nets = stored_nets(T["W_hat"], v, X_data, y, d, m, width, rng, F, ok, biased) if keep_nets else None
     test = (T["acc0"], T["acc1"], T["sig0"], T["sig1"]) if c0["test_points"] > 0 else None
     logb = log_beta(lam_raw.clamp_min(1e-300), q0, c0["loss"])  # (E,M)
     out = []
@@ -235,5 +288,6 @@ def unlearn(W, v, X, y, mask, d, m, width, rng, keys: list[str], cells: list[dic
             "lemma_upper": int(next(iter(lem.values()))), "lemma_lower": int(list(lem.values())[-1]),
             "eps_l": eps_l.numpy(),
         }
+        res.update(nets[e][a] if nets and c.get("store_nets", True) else dict(NO_NET, d_used=int(d[e])))
         out.append(res)
     return out

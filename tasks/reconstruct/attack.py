@@ -67,11 +67,12 @@ class AttackResult:
 
 
 def optimise(W, b, v, x0, lam0, yc, *, lr_x, lr_lam, alpha, lam_min, steps: int, objective_name: str = "haim",
-           box: bool = False, momentum: float = 0.9, feature_mask=None, n_trace: int = 11) -> AttackResult:
+           box: bool = False, momentum: float = 0.9, feature_mask=None, n_trace: int = 11, blocks=None) -> AttackResult:
     """Run ``steps`` SGD-momentum steps on every row. W (B,k,d), b, v (B,k) the attacked nets (float64),
     x0 (B,l,d), lam0 (B,l) the inits, yc (B,l) the fixed labels; lr_x, lr_lam, lam_min (B,) tensors;
     alpha (B,) the surrogate slope (None: exact step derivative, X004-2); feature_mask (B,d) zero past
-    a row's true d (the gradient there is masked so padding stays zero)."""
+    a row's true d (the gradient there is masked so padding stays zero); blocks (B,3) bool the trained
+    blocks W, b, v of each row's net (None: all)."""
     x, lam = x0.clone(), lam0.clone()
     bx, bl = torch.zeros_like(x), torch.zeros_like(lam)
     fm = torch.ones(x.shape[0], x.shape[2], dtype=x.dtype, device=x.device) if feature_mask is None else feature_mask
@@ -84,7 +85,7 @@ def optimise(W, b, v, x0, lam0, yc, *, lr_x, lr_lam, alpha, lam_min, steps: int,
         x.requires_grad_(True)
         lam.requires_grad_(True)
         obj = objective(objective_name, W, b, v, x, yc, lam, alpha=alpha, lam_min=lam_min, box=box,
-                        feature_mask=fm)
+                        feature_mask=fm, blocks=blocks)
         if step in at:
             trace[:, at[step]] = obj.detach()
         if step == steps:

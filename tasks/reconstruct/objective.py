@@ -43,17 +43,20 @@ def residual(W, b, v, Xc, yc, lam, *, scale: float = 1.0, alpha: torch.Tensor | 
     return RW, Rb, Rv
 
 
-def residual_norm2(R) -> torch.Tensor:
-    """‖R‖² summed over the blocks (= Haim's per-tensor sum of squares), (B,)."""
+def residual_norm2(R, blocks: torch.Tensor | None = None) -> torch.Tensor:
+    """‖R‖² summed over the blocks (= Haim's per-tensor sum of squares), (B,). ``blocks`` (B,3) bool:
+    which of W, b, v each row's net trained; stationarity holds over the trained parameters only, so a
+    frozen block's residual is left out (spec 004 §2.4 with frozen layers: paper 001's nets train W)."""
     RW, Rb, Rv = R
-    return RW.pow(2).sum((1, 2)) + Rb.pow(2).sum(1) + Rv.pow(2).sum(1)
+    parts = torch.stack([RW.pow(2).sum((1, 2)), Rb.pow(2).sum(1), Rv.pow(2).sum(1)], 1)  # (B,3)
+    return (parts if blocks is None else parts * blocks.to(parts.dtype)).sum(1)
 
 
-def haim(W, b, v, Xc, yc, lam, *, alpha, lam_min, box: bool, feature_mask=None):
-    """Haim et al.'s practical objective (spec §2.4, the default): Σ_T ‖R_T‖² with λ scaled by 1/l,
-    + 5 Σ relu(λ_min − λ_i)² + (if ``box``) Σ relu(x' − 1)² + relu(−1 − x')²; (B,)."""
+def haim(W, b, v, Xc, yc, lam, *, alpha, lam_min, box: bool, feature_mask=None, blocks=None):
+    """Haim et al.'s practical objective (spec §2.4, the default): Σ_T ‖R_T‖² with λ scaled by 1/l
+    (over the trained blocks T), + 5 Σ relu(λ_min − λ_i)² + (if ``box``) Σ relu(x' − 1)² + relu(−1 − x')²; (B,)."""
     l = Xc.shape[1]
-    out = residual_norm2(residual(W, b, v, Xc, yc, lam, scale=1.0 / l, alpha=alpha))
+    out = residual_norm2(residual(W, b, v, Xc, yc, lam, scale=1.0 / l, alpha=alpha), blocks)
     out = out + 5 * torch.relu(lam_min.unsqueeze(1) - lam).pow(2).sum(1)
     return out + _box_penalty(Xc, feature_mask) if box else out
 
@@ -66,10 +69,10 @@ def _box_penalty(Xc, feature_mask=None):
     return pen.sum((1, 2))
 
 
-def paper(W, b, v, Xc, yc, lam, *, alpha, lam_min, box: bool, feature_mask=None):
-    """Paper 004 Eq 5 with γ1 = γ2 = 1: ‖R‖ (unsquared, λ unscaled) + Σ max(−λ_i, 0); ``lam_min``
-    shifts the hinge to max(λ_min − λ_i, 0) (spec X004-9: γ's and λ_min unstated); (B,)."""
-    out = residual_norm2(residual(W, b, v, Xc, yc, lam, scale=1.0, alpha=alpha)).clamp_min(1e-300).sqrt()
+def paper(W, b, v, Xc, yc, lam, *, alpha, lam_min, box: bool, feature_mask=None, blocks=None):
+    """Paper 004 Eq 5 with γ1 = γ2 = 1: ‖R‖ (unsquared, λ unscaled, trained blocks) + Σ max(−λ_i, 0);
+    ``lam_min`` shifts the hinge to max(λ_min − λ_i, 0) (spec X004-9: γ's and λ_min unstated); (B,)."""
+    out = residual_norm2(residual(W, b, v, Xc, yc, lam, scale=1.0, alpha=alpha), blocks).clamp_min(1e-300).sqrt()
     out = out + torch.relu(lam_min.unsqueeze(1) - lam).sum(1)
     return out + _box_penalty(Xc, feature_mask) if box else out
 

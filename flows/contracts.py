@@ -1,0 +1,82 @@
+"""The nets contract between stages (core.declare.NetsContract / NetsNeeds), wired: checked at
+config time for every (producer cell, reader cell) pairing a chain can make, and resolved per
+upstream cell on the worker, so every reader takes the parametrisation (trained blocks, output
+layer, bias, forgotten points) from the producer's declaration rather than guessing it.
+
+A producer's contract may depend on its cell (paper 003: the bias by variant) and on the contract
+of the cell it read (``unlearn`` hands on its upstream's nets plus the forgotten points), so
+contracts are resolved along the chain, first stage first.
+"""
+
+from __future__ import annotations
+
+from core.declare import NetsContract
+from core.errors import ConfigError
+from flows import experiments
+
+
+def stage_contracts(cfg, upstream: set | None) -> set:
+    """Every contract the cells of producing stage ``cfg`` can have (``upstream``: its upstream
+    stage's contracts, None for a first stage)."""
+    nets = cfg.exp.nets
+    if nets is None:
+        return set()
+    ups = upstream or {None}
+    return {nets(cell, up) for cell in unique_cells(cfg) for up in ups}
+
+
+def unique_cells(cfg) -> list[dict]:
+    """The distinct cells of a stage's own grid (a contract or a need depends on a cell's params only)."""
+    seen, out = set(), []
+    for cell in cfg.iter_cells():
+        key = repr(sorted(cell.items()))
+        if key not in seen:
+            seen.add(key)
+            out.append(cell)
+    return out
+
+
+def check_pairing(field: str, cfg, source: str, contracts: set) -> None:
+    """Refuse, naming ``field``, a reading stage any of whose cells cannot read some upstream cell."""
+    needs = {cfg.exp.needs(cell) for cell in unique_cells(cfg)}
+    for need in sorted(needs, key=repr):
+        for c in sorted(contracts, key=repr):
+            why = need.refusal(c)
+            if why:
+                raise ConfigError(field, f"experiment '{cfg.exp.name}' cannot read stage {source!r}: it {why}")
+
+
+def cells_at(store: str, group: str, indices: list[tuple[int, ...]]) -> list[dict]:
+    """The cells of ``group`` at grid ``indices`` as they were run (storage.nets.cells_as_run), with
+    the parameters they took from their own upstream cells (Experiment.inherits: e.g. an unlearn cell's
+    loss is its train_kkt cell's), resolved along the chain."""
+    import pathlib
+
+    import zarr
+
+    from storage.nets import cells_as_run, producer, source
+
+    g = zarr.open_group(str(pathlib.Path(store) / group), mode="r", zarr_format=3)
+    cells = cells_as_run(g, indices)
+    exp = experiments.get(producer(store, group))
+    up, n_up = source(store, group)
+    if up is None or not exp.inherits:
+        return cells
+    ups = cells_at(store, up, [tuple(i)[:n_up] for i in indices])
+    return [exp.with_inherited(c, u) for c, u in zip(cells, ups)]
+
+
+def contracts_at(store: str, group: str, indices: list[tuple[int, ...]]) -> list[NetsContract]:
+    """The contract of each stored cell of ``group`` at grid ``indices``, resolved along the chain
+    from the cells as they were run (storage.nets.cells_as_run)."""
+    from storage.nets import producer, source
+
+    exp = experiments.get(producer(store, group))
+    if exp.nets is None:
+        return []
+    cells = cells_at(store, group, indices)
+    up, n_up = source(store, group)
+    if up is None:
+        return [exp.nets(c, None) for c in cells]
+    ups = contracts_at(store, up, [tuple(i)[:n_up] for i in indices])
+    return [exp.nets(c, u) for c, u in zip(cells, ups or [None] * len(cells))]

@@ -1,0 +1,132 @@
+"""The cross-paper chain (issue 27): the typed nets contract refuses every pairing whose reader
+cannot read the producer's nets, at config time, naming the field; readers take the trained
+blocks, the bias and the forgotten points from the contract."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from core.errors import ConfigError
+from flows import config
+
+TRAIN_KKT = {"name": "nets", "experiment": "train_kkt", "grid": {"seed": [0]},
+             "params": {"d": 20, "m": 6, "width": 8, "epochs": 10}}
+TRAIN = {"name": "nets", "experiment": "train", "grid": {"seed": [0]}, "params": {"d": 5, "width": 8}}
+LAZY_RAW = {"name": "nets", "experiment": "lazy_train", "grid": {"seed": [0]},
+            "params": {"data": "digits", "variant": "raw", "d": 16, "m": 16}}
+UNLEARN = {"name": "gone", "experiment": "unlearn", "from": "nets", "grid": {"alpha": [1.0]}, "params": {"forget": 0}}
+
+
+def chain(*stages) -> dict:
+    return {"name": "pairing", "stages": [dict(s) for s in stages]}
+
+
+def reader(experiment: str, source: str = "nets", **params) -> dict:
+    grid = {"radius": [1.0]} if experiment == "reconstruct" else {"points": ["train"]} \
+        if experiment in ("single_step",) else {"eps": [0.3]} if experiment == "forge_net" else \
+        {"R": [0.1]} if experiment == "pgd" else {"slack": [1.01]} if experiment == "universal_attack" else \
+        {"n_ops": [1]} if experiment == "kkt_constructions" else {"alpha": [1.0]}
+    return {"name": "reader", "experiment": experiment, "from": source, "grid": grid, "params": params}
+
+
+REFUSED = [
+    ("train -> single_step (test points)", (TRAIN, reader("single_step", points="test") | {"grid": {"deepfool": [False]}}),
+     "stages[1].from", "needs X_test, y_test"),
+    ("train -> unlearn", (TRAIN, UNLEARN), "stages[1].from", "needs nets that trained W or W+b"),
+    ("train_kkt -> universal_attack", (TRAIN_KKT, reader("universal_attack")), "stages[1].from",
+     "needs nets that trained W+b+v"),
+    ("train_kkt -> kkt_constructions", (TRAIN_KKT, reader("kkt_constructions")), "stages[1].from",
+     "needs nets that trained W+b+v"),
+    ("train_kkt -> pgd (test points)", (TRAIN_KKT, reader("pgd", budget="given")), "stages[1].from", "needs X_test"),
+    ("unlearn forget -2 -> reconstruct", (TRAIN_KKT, UNLEARN | {"params": {"forget": -2}}, reader("reconstruct", "gone")),
+     "stages[2].from", "store no single net"),
+    ("unlearn -> unlearn", (TRAIN_KKT, UNLEARN, reader("unlearn", "gone") | {"name": "again", "grid": {"k": [1]}}),
+     "stages[2].from",
+     "without forgotten"),
+    ("lazy_train -> unlearn with a retrain reference", (LAZY_RAW, UNLEARN | {"params": {"forget": 0, "ref_retrain": True}}),
+     "stages[1].from", "needs nets of train_kkt"),
+    ("train_kkt gauss -> unlearn D_MG test points", (TRAIN_KKT, UNLEARN | {"params": {"forget": 0, "test_points": 10}}),
+     "stages[1].from", "trained on data d_mg"),
+    ("lazy_train -> pgd at the training budget", (LAZY_RAW, reader("pgd", budget="train") | {"grid": {"T2": [5]}}),
+     "stages[1].from", "needs R_train"),
+]
+
+
+@pytest.mark.parametrize("stages, field, message", [r[1:] for r in REFUSED], ids=[r[0] for r in REFUSED])
+def test_refused_pairing_names_the_field(stages, field, message):
+    with pytest.raises(ConfigError) as err:
+        config.parse(chain(*stages))
+    assert err.value.field == field
+    assert message in err.value.message and "\n" not in str(err.value)
+
+
+ACCEPTED = [
+    ("train_kkt -> unlearn -> reconstruct", (TRAIN_KKT, UNLEARN, reader("reconstruct", "gone"))),
+    ("train_kkt -> unlearn -> single_step (training points)", (TRAIN_KKT, UNLEARN, reader("single_step", "gone"))),
+    ("train_kkt -> unlearn -> pgd (training points)", (TRAIN_KKT, UNLEARN, reader("pgd", "gone", points="train",
+                                                                                   budget="given"))),
+    ("train_kkt -> unlearn -> forge_net", (TRAIN_KKT, UNLEARN, reader("forge_net", "gone"))),
+    ("lazy_train (bias) -> unlearn", (LAZY_RAW, UNLEARN)),
+    ("train -> reconstruct", (TRAIN, reader("reconstruct"))),
+]
+
+
+@pytest.mark.parametrize("stages", [a[1] for a in ACCEPTED], ids=[a[0] for a in ACCEPTED])
+def test_accepted_pairing(stages):
+    cfg = config.parse(chain(*stages))
+    assert cfg.stages[-1].exp.reads == "nets"
+
+
+def test_unlearned_nets_carry_the_upstream_contract():
+    cfg = config.parse(chain(LAZY_RAW, UNLEARN))
+    (c,) = cfg.stages[1].nets_contracts
+    assert c.trained == frozenset({"W", "b"}) and c.output == "frozen" and "forgotten" in c.arrays
+    assert c.trainer == "lazy_train"
+
+
+def _biased_net(seed: int = 0, n: int = 16, d: int = 8, m: int = 12):
+    """A lazy-style net with a trained bias (f = Σ_j v_j relu(w_j·x + b_j), v = ±1/√n) and data it
+    classifies: labels are the net's own signs."""
+    g = torch.Generator().manual_seed(seed)
+    W = torch.randn(1, n, d, generator=g, dtype=torch.float64)
+    b = torch.randn(1, n, generator=g, dtype=torch.float64)
+    v = (torch.randint(0, 2, (1, n), generator=g).double() * 2 - 1) / math.sqrt(n)
+    X = torch.randn(1, m, d, generator=g, dtype=torch.float64)
+    f = (torch.relu(X @ W.transpose(1, 2) + b[:, None]) * v[:, None]).sum(-1)
+    return W, b, v, X, torch.sign(f), f
+
+
+def _unlearn(W, b, v, X, y, train_bias, **cell):
+    from tasks.cells.unlearn import unlearn
+
+    c = dict(method="ga", alpha=1.0, forget=0, k=1, forget_seed=0, model="two_layer", loss="logistic", tie_tol=1e-9,
+             ref_retrain=False, init_scale=1e-5, retrain_lr=1.0, retrain_wd=0.0, retrain_epochs=1, test_points=0,
+             mu_a=0.1, mu_scaling="sec6", store_nets=True) | cell
+    E, M, D = X.shape
+    return unlearn(W, b, v, X, y, torch.ones(E, M, dtype=torch.bool), torch.full((E,), D), torch.full((E,), M),
+                   torch.full((E,), W.shape[1]), torch.zeros(E, 8, dtype=torch.uint8), ["net"], [c],
+                   train_bias=torch.tensor([train_bias]))[0]
+
+
+def test_unlearn_measures_a_biased_net_with_its_bias():
+    """Issue 28 item 1: the trained net's minimum margin as unlearn reports it is the stored net's
+    (with the bias); measured without it, it is another net's (the old bug)."""
+    W, b, v, X, y, f = _biased_net()
+    stored = float((y * f).min())
+    assert _unlearn(W, b, v, X, y, True)["q_min1"] == pytest.approx(stored, rel=1e-12)
+    assert abs(_unlearn(W, torch.zeros_like(b), v, X, y, False)["q_min1"] - stored) > 1e-3
+
+
+def test_unlearned_net_is_stored_with_its_bias_and_forgotten_point():
+    """The GA step moves (W, b) together: the stored net's b differs from the trained one, the
+    forgotten mask names point 0, and identity hands the net on unchanged."""
+    W, b, v, X, y, _ = _biased_net(1)
+    ga = _unlearn(W, b, v, X, y, True)
+    same = _unlearn(W, b, v, X, y, True, method="identity")
+    assert ga["nets_stored"] == 1 and list(ga["forgotten"]) == [1] + [0] * (X.shape[1] - 1)
+    assert abs(ga["b"] - b[0].numpy()).max() > 1e-6 and abs(ga["W"] - W[0].numpy()).max() > 1e-6
+    assert (same["W"] == W[0].numpy()).all() and (same["b"] == b[0].numpy()).all()
+    assert _unlearn(W, b, v, X, y, True, forget=-2)["nets_stored"] == 0
