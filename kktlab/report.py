@@ -16,7 +16,7 @@ from storage.query import groups, open_results, provenance, stage_scalars, statu
 FIGURES = {"nonrobust": "analysis.nonrobust", "universal_attack": "analysis.nonrobust",
            "forging": "analysis.forging", "forging_sgd": "analysis.forging_sgd", "unlearn": "analysis.unlearn",
            "single_step": "analysis.lazy", "pgd": "analysis.lazy", "reconstruct": "analysis.reconstruct",
-           "kkt_constructions": "analysis.kkt_constructions"}
+           "kkt_constructions": "analysis.kkt_constructions", "forge_net": "analysis.pipeline"}
 # experiment -> module in analysis/ with ``acceptance(ds) -> [analysis.acceptance.Row]``
 ACCEPTANCE = {"nonrobust": "analysis.acceptance_002", "universal_attack": "analysis.acceptance_002",
               "forging": "analysis.acceptance_000", "unlearn": "analysis.acceptance_001",
@@ -75,6 +75,14 @@ def report(store: str | pathlib.Path, out: str | pathlib.Path,
             lines.append(f"![{f.stem}]({f.name})")
         lines.append("")
         paths += figs
+    from analysis import pipeline
+
+    figs, chain_lines = pipeline.store_figures(store, out)  # the cross-paper chain (issue 27)
+    if chain_lines:
+        lines += chain_lines
+        paths += figs
+        echo("== the chain: forgotten vs retained points")
+        echo("\n".join(line for line in chain_lines if line.startswith("|")))
     rows = [r for name in STORE_ACCEPTANCE for r in importlib.import_module(name).store_acceptance(store)]
     if rows:
         lines += ["## Across groups", "", "### Acceptance", "", acc.markdown(rows), ""]

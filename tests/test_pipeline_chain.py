@@ -122,3 +122,16 @@ def test_a_changed_trained_net_makes_exactly_its_unlearned_nets_and_their_reader
     stale = [s["stale_recomputed"] for s in stats.values()]
     per_net = {"gone": 2, "recon": 2, "step": 2, "pgd": 4, "forge": 2}  # the cells of seed 1 in each stage
     assert stale == [0, *per_net.values()]
+
+
+def test_report_draws_the_chain_figures_and_findings(ran, tmp_path):
+    from kktlab.report import report
+
+    lines: list[str] = []
+    paths = report(ran / "chain.zarr", tmp_path, echo=lines.append)
+    chain = [p for p in paths if p.name.startswith("pipeline_")]
+    assert sorted(p.name for p in chain) == [f"pipeline_{g}.png" for g in sorted(READERS)]
+    assert all(p.stat().st_size > 10_000 for p in chain) and len({p.read_bytes() for p in chain}) == len(chain)
+    index = (tmp_path / "index.md").read_text()
+    assert "## The chain: forgotten vs retained points" in index
+    assert sum(line.startswith("| step | ga | 1 |") for line in index.splitlines()) == 1
