@@ -196,7 +196,8 @@ def _nets(E=2, m=6, d=12, n=8, v_scale=None):
         v = v * torch.linspace(0.5, 2, n, dtype=torch.float64)
     W = torch.randn(E, n, d, generator=g, dtype=torch.float64)
     full = lambda x: torch.full((E,), x)  # noqa: E731
-    return (W, v, X, y, torch.ones(E, m, dtype=torch.bool), full(d), full(m), full(n),
+    return (W, torch.zeros(E, n, dtype=torch.float64), v, X, y, torch.ones(E, m, dtype=torch.bool), full(d), full(m),
+            full(n),
             torch.zeros(E, 2 * RNG_BYTES, dtype=torch.uint8))
 
 
@@ -223,8 +224,8 @@ def test_bad_input_at_run_time_names_the_field(kw, v_scale, match):
 def test_not_interpolating_net_is_infeasible_not_a_crash():
     from tasks.cells.unlearn import unlearn
 
-    W, v, X, y, *rest = _nets()
-    out = unlearn(W, v, X, y, *rest, ["a", "b"], [_cell(), _cell()])  # random W: some margins <= 0
+    W, b, v, X, y, *rest = _nets()
+    out = unlearn(W, b, v, X, y, *rest, ["a", "b"], [_cell(), _cell()])  # random W: some margins <= 0
     assert {o["feasible1"] for o in out} == {0} and all(math.isinf(o["eps1"]) for o in out)
 
 

@@ -76,7 +76,7 @@ def run_bundle(cells: list[dict], device: str = "auto") -> list[dict]:
     return [dict(res, **prov) for res in out]
 
 
-def nets(cell: dict, upstream=None) -> NetsContract:
+def contract(cell: dict, upstream=None) -> NetsContract:
     """Alg. 1's nets: W trained inside B_{2,inf}(W0, V); the bias (if any) and a/√m stay fixed (§5.2)."""
     return NetsContract(arrays=frozenset({"W0", "b0", "X_test", "y_test", "R_train", "V_train"}),
                         trained=frozenset({"W"}), output="frozen", trainer="adv_train", data=cell["data"])
@@ -87,6 +87,7 @@ EXPERIMENT = register(Experiment(
     paper="003 Wang, Ullah, Mianjy, Arora: Adversarial robustness is at odds with lazy training",
     description="projected adversarial training in B_{2,inf}(W0, V) against PGD-l2 of budget R (Alg. 1; produces nets)",
     params=P, variables=V, run_bundle=run_bundle, bundle_key=bundle_key, cost=cost, check=lazy.check,
-    memory=memory, memory_fields=("m", "d"), extra_dims=extra_dims, produces=("nets",), rebuild=lazy.rebuild, nets=nets,
+    memory=memory, memory_fields=("m", "d"), extra_dims=extra_dims, produces=("nets",), rebuild=lazy.rebuild,
+    nets=contract,
     summary=("rta_train", "clean_acc", "epochs", "C0_reached"), spec_ids=("E4", "E5", "X1", "X5"),
 ))

@@ -192,7 +192,7 @@ def rebuild(cell: dict, read) -> dict:
             "b0": b0[0].double().numpy()}
 
 
-def nets(cell: dict, upstream=None) -> NetsContract:
+def contract(cell: dict, upstream=None) -> NetsContract:
     """Paper 003 lazy nets: W trained, b trained when the variant has a bias (spec 003 §2.2), the top
     layer a/√m frozen; the init (W0, b0) and the test set come back through :func:`rebuild`."""
     trained = {"W", "b"} if cell_fn.has_bias(cell) else {"W"}
@@ -212,6 +212,6 @@ EXPERIMENT = register(Experiment(
     paper="003 Wang, Ullah, Mianjy, Arora: Adversarial robustness is at odds with lazy training",
     description="lazy SGD to the exit of the ball ||W - W0||_{2,inf} <= C0/sqrt(m), snapshots per C0 (produces nets)",
     params=P, variables=V, run_bundle=run_bundle, bundle_key=bundle_key, cost=cost, check=check, memory=memory,
-    memory_fields=("m", "d"), extra_dims=extra_dims, produces=("nets",), rebuild=rebuild, nets=nets,
+    memory_fields=("m", "d"), extra_dims=extra_dims, produces=("nets",), rebuild=rebuild, nets=contract,
     summary=("test_acc", "exited", "steps", "C0_reached"), spec_ids=("E1", "E2", "E3", "X2", "X6"),
 ))

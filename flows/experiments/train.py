@@ -202,7 +202,7 @@ def train_logged(cells: list[dict], device: str, checkpoint: str | None, sets: l
     return out
 
 
-def nets(cell: dict, upstream=None) -> NetsContract:
+def contract(cell: dict, upstream=None) -> NetsContract:
     """Paper 002 / 004 nets: W, b and v all trained (spec 002 §2.2, spec 004 §2.1)."""
     return NetsContract(trainer="train", data=cell["data"])
 
@@ -213,6 +213,6 @@ EXPERIMENT = register(Experiment(
     description="train two-layer ReLU nets to loss 1e-30 and store them (stage 1 of a chain; then universal_attack)",
     params=P, variables=V, run_bundle=run_bundle, bundle_key=nonrobust.bundle_key, cost=nonrobust.cost,
     check=check, memory=memory, memory_fields=("d", "m", "alpha", "width"), checkpoints=True,
-    extra_dims=extra_dims, produces=("nets",), rebuild=rebuild, nets=nets,
+    extra_dims=extra_dims, produces=("nets",), rebuild=rebuild, nets=contract,
     summary=("m_used", "status", "iters", "log10_loss", "train_acc"),
 ))

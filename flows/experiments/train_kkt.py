@@ -88,7 +88,7 @@ def run_bundle(cells: list[dict], device: str = "auto") -> list[dict]:
     return cell_fn.train_cells(cells, dev)
 
 
-def nets(cell: dict, upstream=None) -> NetsContract:
+def contract(cell: dict, upstream=None) -> NetsContract:
     """Paper 001 nets: W trained, the output layer frozen (±1/√n; linear: v = 1), no bias (Eq. 1, §3)."""
     return NetsContract(trained=frozenset({"W"}), output="frozen", trainer="train_kkt", data=cell["data"])
 
@@ -98,7 +98,7 @@ EXPERIMENT = register(Experiment(
     paper="001 Provable unlearning with gradient ascent on two-layer ReLU nets (the training of App. E, as a stage)",
     description="train frozen-output two-layer ReLU nets / linear predictors by GD + weight decay, store the nets",
     params=P, variables=V, run_bundle=run_bundle, bundle_key=bundle_key, check=check, memory=memory,
-    memory_fields=("d", "m", "width"), extra_dims=extra_dims, produces=("nets",), nets=nets,
+    memory_fields=("d", "m", "width"), extra_dims=extra_dims, produces=("nets",), nets=contract,
     cost=lambda c: float(c["epochs"] * c["m"] * c["d"] * c["width"]),
     summary=("m_used", "train_acc", "log10_loss", "q_min"),
     spec_ids=("F001-1", "F001-2", "F001-3", "F001-4", "F001-5", "F001-6"),

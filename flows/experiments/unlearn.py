@@ -144,10 +144,10 @@ def run_bundle(cells: list[dict], device: str = "auto", inputs=None) -> list[dic
     n = inputs
     keys = [repr(sorted(c.items())) for c in n.cells]
     return cell_fn.unlearn(n.W, n.b, n.v, n.X, n.y, n.mask, n.d, n.m, n.width, n.rng_state, keys, cells,
-                           train_bias=n.trained()[:, 1])
+                           train_bias=n.trained()[:, 1] if n.contracts else n.b.abs().amax(-1) > 0)
 
 
-def nets(cell: dict, upstream: NetsContract | None) -> NetsContract:
+def contract(cell: dict, upstream: NetsContract | None) -> NetsContract:
     """The upstream's nets, unlearned: same trained blocks and output layer, plus ``forgotten``; the
     upstream's init and test set are not handed on. One net per cell unless forget = -2."""
     up = upstream or NetsContract()
@@ -173,7 +173,7 @@ EXPERIMENT = register(Experiment(
     paper="001 Provable unlearning with gradient ascent on two-layer ReLU networks",
     description="GA / k-GA / retrain unlearning judged by the KKT criterion (Def 2.2) on stored nets (reads 'nets')",
     params=P, variables=V, run_bundle=run_bundle, bundle_key=bundle_key, reads="nets", inherits=INHERITS,
-    produces=("nets",), nets=nets, needs=needs,
+    produces=("nets",), nets=contract, needs=needs,
     cost=lambda c: 1.0 + (c.get("retrain_epochs", 10**5) if c["method"] == "retrain" or c["ref_retrain"] else 0),
     summary=("m_used", "eps", "delta", "eps_rel", "eps1", "tau_fixed", "cos_svm", "preconditions_met"),
     spec_ids=("F001-1", "F001-2", "F001-3", "F001-4", "F001-5", "F001-6", "P001-4", "P001-5", "P001-6", "P001-7",
