@@ -16,7 +16,7 @@ from analysis.common import plt, save
 from storage.query import groups, open_results
 
 # reader experiment -> (forgotten, retained, axis label) of the numbers it reports apart
-PAIRS = {"reconstruct": ("dist_forgotten", "dist_retained", "distance of the best candidate (l2)"),
+PAIRS = {"reconstruct": ("cos_forgotten", "cos_retained", "cosine of the best candidate (direction)"),
          "single_step": ("med_delta_forgotten", "med_delta_retained", "||δ*|| of the minimal single step"),
          "pgd": ("rta_forgotten", "rta_retained", "robust accuracy under PGD"),
          "forge_net": ("logvol_forgotten", "logvol_retained", "log-volume of the ε-forging set")}

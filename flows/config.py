@@ -19,7 +19,10 @@ parameters that hold for that coordinate only, replacing ``params`` there::
 
 Every error names its field (``grid.width``) and what is allowed; numbers must be finite and
 within their limits, the grid at most ``runner.max_cells`` cells (``--max-cells``), the file at
-most ``MAX_CONFIG_BYTES``, and no key may be given twice.
+most ``MAX_CONFIG_BYTES`` whose YAML aliases expand it to at most ``MAX_YAML_NODES`` nodes
+nested at most ``MAX_YAML_DEPTH`` deep, names at most ``MAX_NAME`` bytes, no key given twice, and
+the files of a real data set (``data: mnist``, ``cifar_vehicles``) present and matching their
+checksums.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import math
 import os
 import pathlib
 import re
+import reprlib
 from typing import Any
 
 import yaml
@@ -38,10 +42,24 @@ import yaml
 from core.declare import REQUIRED, Experiment, Param
 from core.errors import ConfigError
 from flows import experiments
+from flows.config_yaml import MAX_YAML_DEPTH, MAX_YAML_NODES, read_yaml  # noqa: F401 (config.read_yaml)
 
 DEFAULT_STORE = "results/{name}.zarr"
 MAX_CONFIG_BYTES = 256 * 1024  # the config travels as Prefect flow parameters (text and parsed: twice)
 PREFECT_PARAMETER_LIMIT = 524_288  # Prefect's default server.api.max_parameter_size
+# YAML aliases (*a) repeat a node without repeating its text: 700 bytes can stand for 10^9 nodes
+# ("billion laughs"). No alias-free config of MAX_CONFIG_BYTES holds this many (a node takes a byte
+# or more), so the bound refuses only aliases that multiply the file; it is checked in time linear
+# in the file (each node once), before anything walks the expanded document.
+MAX_NAME = 100  # bytes of a config or stage name: it names store folders (<store>/<name>, caches, checkpoints)
+_SHOW = reprlib.Repr()  # values in messages: one short line whatever the value (a long string, a deep list)
+_SHOW.maxstring, _SHOW.maxother, _SHOW.maxlong, _SHOW.maxlevel = 80, 80, 60, 2
+
+
+def _show(value: Any) -> str:
+    text = _SHOW.repr(value)
+    return text if len(text) <= 200 else text[:197] + "..."
+
 # a Dask scheduler address: protocol://host:port (host a name, IPv4 or [IPv6])
 ADDRESS = re.compile(r"^(tcp|tls|ucx|ws|wss)://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})$")
 TOP_KEYS = ("experiment", "name", "description", "store", "grid", "params", "runner", "stages")
@@ -140,24 +158,29 @@ class Config:
 def coerce(field: str, p: Param, value: Any) -> Any:
     """Check one value against its Param; return it in the Param's type."""
     if p.type is float and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
+        try:
+            value = float(value)
+        except OverflowError:  # an int beyond any float (1e308)
+            raise ConfigError(field, f"{_show(value)} is out of range: every float is at most 1e100 in size; "
+                              f"allowed: {p.allowed()}") from None
     if p.type is float and isinstance(value, str):
         try:  # YAML reads 1e-30 as a string
             value = float(value)
         except ValueError:
             pass
     if not isinstance(value, p.type) or (p.type is not bool and isinstance(value, bool)):
-        raise ConfigError(field, f"expected {p.type.__name__}, got {type(value).__name__} {value!r}; allowed: {p.allowed()}")
+        raise ConfigError(field, f"expected {p.type.__name__}, got {type(value).__name__} {_show(value)}; "
+                          f"allowed: {p.allowed()}")
     if p.type is float and not math.isfinite(value):
-        raise ConfigError(field, f"{value!r} is not a finite number; allowed: {p.allowed()}")
+        raise ConfigError(field, f"{_show(value)} is not a finite number; allowed: {p.allowed()}")
     if p.type in (int, float) and p.max is None and abs(value) > p.limit():
         limit = "1e100" if p.type is float else "2**53"
-        raise ConfigError(field, f"{value!r} is out of range: every {p.type.__name__} is at most {limit} in size; "
+        raise ConfigError(field, f"{_show(value)} is out of range: every {p.type.__name__} is at most {limit} in size; "
                           f"allowed: {p.allowed()}")
     if p.choices is not None and value not in p.choices:
-        raise ConfigError(field, f"{value!r} is not allowed; allowed: {p.allowed()}")
+        raise ConfigError(field, f"{_show(value)} is not allowed; allowed: {p.allowed()}")
     if p.min is not None and value < p.min or p.gt is not None and value <= p.gt or p.max is not None and value > p.max:
-        raise ConfigError(field, f"{value!r} is out of range; allowed: {p.allowed()}")
+        raise ConfigError(field, f"{_show(value)} is out of range; allowed: {p.allowed()}")
     return value
 
 
@@ -196,8 +219,40 @@ def parse(raw: Any, text: str = ""):
     if "stages" in raw:
         from flows import stages
 
+        # what a chain shares is checked here, under its own field: each stage is parsed with the
+        # chain's runner, and an error there would read 'stages[0].runner.…'
+        if isinstance(raw.get("name"), str) and raw["name"].strip():
+            check_name("name", raw["name"])
+        parse_runner(raw.get("runner"))
         return stages.parse_chain(raw, text)
     return parse_one(raw, text)
+
+
+def check_name(field: str, name: str) -> None:
+    """A config or stage name names folders of the store (its group, its cache and checkpoints):
+    at most :data:`MAX_NAME` bytes, letters, digits, '-' and '_'."""
+    size = len(name.encode("utf-8"))
+    if size > MAX_NAME:
+        raise ConfigError(field, f"{_show(name)} is {size} bytes long; a name is at most {MAX_NAME} "
+                          "(it names folders of the store)")
+    if not name.replace("-", "").replace("_", "").isalnum():
+        raise ConfigError(field, f"{_show(name)}: use letters, digits, '-' and '_' only")
+
+
+def parse_runner(runner_raw: Any) -> dict[str, Any]:
+    """The ``runner`` block, defaults filled (RUNNER)."""
+    runner = {}
+    for key, value in _mapping("runner", runner_raw).items():
+        if key not in RUNNER:
+            raise ConfigError(f"runner.{key}", "unknown key; allowed: " + ", ".join(RUNNER))
+        runner[key] = coerce(f"runner.{key}", RUNNER[key], value)
+    for key, p in RUNNER.items():
+        runner.setdefault(key, p.default)
+    if runner["cluster"] == "address" and not runner["address"]:
+        raise ConfigError("runner.address", "required when runner.cluster is 'address' (tcp://host:port)")
+    if runner["address"]:
+        check_address(runner["address"])
+    return runner
 
 
 def parse_one(raw: dict, text: str = "", source: str | None = None) -> Config:
@@ -209,7 +264,7 @@ def parse_one(raw: dict, text: str = "", source: str | None = None) -> Config:
     if name is None:
         raise ConfigError("experiment", "missing; allowed: " + ", ".join(experiments.names()))
     if name not in experiments.names():
-        raise ConfigError("experiment", f"unknown experiment {name!r}; allowed: " + ", ".join(experiments.names()))
+        raise ConfigError("experiment", f"unknown experiment {_show(name)}; allowed: " + ", ".join(experiments.names()))
     exp = experiments.get(name)
 
     grid_raw = _mapping("grid", raw.get("grid"))
@@ -231,7 +286,9 @@ def parse_one(raw: dict, text: str = "", source: str | None = None) -> Config:
             vals.append(_case(exp, name, key, f"{f}[{i}]", v, grid_raw, cases) if isinstance(v, dict)
                         else coerce(f, exp.params[key], v))
         if len(set(vals)) != len(vals):
-            raise ConfigError(f, f"duplicate values in {vals}")
+            met: set = set()
+            twice = list(dict.fromkeys(v for v in vals if v in met or met.add(v)))
+            raise ConfigError(f, f"duplicate values in {_show(vals)}: {_show(twice)[1:-1]} given more than once")
         grid[key] = vals
 
     params_raw = _mapping("params", raw.get("params"))
@@ -249,18 +306,7 @@ def parse_one(raw: dict, text: str = "", source: str | None = None) -> Config:
                 raise ConfigError(f"params.{key}", f"required ({p.doc}); allowed: {p.allowed()}")
             params[key] = p.default
 
-    runner_raw = _mapping("runner", raw.get("runner"))
-    runner = {}
-    for key, value in runner_raw.items():
-        if key not in RUNNER:
-            raise ConfigError(f"runner.{key}", "unknown key; allowed: " + ", ".join(RUNNER))
-        runner[key] = coerce(f"runner.{key}", RUNNER[key], value)
-    for key, p in RUNNER.items():
-        runner.setdefault(key, p.default)
-    if runner["cluster"] == "address" and not runner["address"]:
-        raise ConfigError("runner.address", "required when runner.cluster is 'address' (tcp://host:port)")
-    if runner["address"]:
-        check_address(runner["address"])
+    runner = parse_runner(raw.get("runner"))
     n_cells = math.prod(len(v) for v in grid.values())
     if n_cells > runner["max_cells"]:
         sizes = " x ".join(f"{len(v)} {k}" for k, v in grid.items())
@@ -275,8 +321,7 @@ def parse_one(raw: dict, text: str = "", source: str | None = None) -> Config:
             raise ConfigError(field, "is empty; leave the key out for the default "
                               + ("(the experiment name)" if field == "name" else "(results/<name>.zarr)"))
     group = raw.get("name") or name
-    if not group.replace("-", "").replace("_", "").isalnum():
-        raise ConfigError("name", f"{group!r}: use letters, digits, '-' and '_' only")
+    check_name("name", group)
     overridden: dict[str, str] = {}
     for axis, by_value in cases.items():
         for k in {k for o in by_value.values() for k in o}:
@@ -288,93 +333,9 @@ def parse_one(raw: dict, text: str = "", source: str | None = None) -> Config:
                  runner=runner, description=raw.get("description") or "", text=text, cases=cases, source=source)
     for cell in cfg.iter_cells():
         exp.check(cell)
+    check_data(cfg)
     check_payload(cfg)
     return cfg
-
-
-def check_address(address: str) -> None:
-    """A Dask scheduler address must read protocol://host:port."""
-    match = ADDRESS.match(address)
-    if not match or not 1 <= int(match.group(3)) <= 65535:
-        raise ConfigError("runner.address", f"{address!r} is not a scheduler address; allowed: "
-                          "tcp://host:port (or tls://, ucx://, ws://, wss://), port 1-65535")
-
-
-def check_payload(cfg: Config) -> None:
-    """The sweep receives the config (text and parsed) as Prefect flow parameters, which Prefect
-    caps in size: refuse here what the server would refuse after the store is made."""
-    limit = int(os.environ.get("PREFECT_SERVER_API_MAX_PARAMETER_SIZE", PREFECT_PARAMETER_LIMIT))
-    size = len(json.dumps(dict(cfg.to_dict(), _text=cfg.text), default=str).encode())
-    if limit and size > limit * 0.9:  # 10% for the store path and Prefect's own fields
-        raise ConfigError("<file>", f"the config makes {size:,} bytes of flow parameters; Prefect takes at most "
-                          f"{int(limit * 0.9):,} here (PREFECT_SERVER_API_MAX_PARAMETER_SIZE); list fewer values")
-
-
-def check_fits(cfg: Config) -> None:
-    """Refuse a grid whose largest cell cannot fit in the memory of this machine (the workers of a
-    local, inline or cuda cluster run here): the experiment's ``memory`` estimate against
-    :func:`flows.bundles.memory_budget` with all of the free memory shared by the workers."""
-    exp = cfg.exp
-    if cfg.runner["cluster"] == "address" or not exp.memory_fields:
-        return
-    need, cell = max(((exp.memory(c), c) for c in cfg.iter_cells()), key=lambda t: t[0])
-    from flows.bundles import memory_budget
-
-    workers = cfg.runner["workers"] if cfg.runner["cluster"] in ("local", "inline") else 1
-    have = memory_budget(cfg.runner["device"], workers, fraction=1.0)
-    if need <= have:
-        return
-    fields = ", ".join(f"grid.{f}" if f in cfg.grid else f"params.{f}" for f in exp.memory_fields)
-    sizes = ", ".join(f"{f}={cell[f]}" for f in exp.memory_fields)
-    gib = 2.0**30
-    raise ConfigError(fields, f"the largest cell ({sizes}) needs about {need / gib:,.1f} GiB, more than the "
-                      f"{have / gib:,.1f} GiB free here for each of {workers} worker(s) (device "
-                      f"{cfg.runner['device']}); make it smaller" + (" or use fewer runner.workers" if workers > 1 else ""))
-
-
-def read_yaml(path: pathlib.Path) -> tuple[Any, str]:
-    """The YAML document of a config file and its text; refuses a missing, oversized, binary or
-    invalid file and a key given twice in one mapping (YAML would silently keep the last)."""
-    if not path.is_file():
-        raise ConfigError("<file>", f"no config file at {path}")
-    size = path.stat().st_size
-    if size > MAX_CONFIG_BYTES:
-        raise ConfigError("<file>", f"{path} is {size:,} bytes; a config is at most {MAX_CONFIG_BYTES:,} bytes "
-                          "(grid values are listed, cells are not)")
-    data = path.read_bytes()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise ConfigError("<file>", f"{path} is not UTF-8 text (byte 0x{data[err.start]:02x} at offset "
-                          f"{err.start}); a config is a YAML file") from None
-    try:
-        loader = yaml.SafeLoader(text)
-        try:
-            node = loader.get_single_node()
-            if node is not None:
-                _no_duplicate_keys(node, "")
-            raw = loader.construct_document(node) if node is not None else None
-        finally:
-            loader.dispose()
-    except yaml.YAMLError as err:
-        raise ConfigError("<file>", f"{path} is not valid YAML: {' '.join(str(err).split())}") from None
-    return raw, text
-
-
-def _no_duplicate_keys(node: yaml.Node, path: str) -> None:
-    if isinstance(node, yaml.MappingNode):
-        seen: dict[str, int] = {}
-        for key, value in node.value:
-            name = str(key.value) if isinstance(key, yaml.ScalarNode) else "<key>"
-            field = f"{path}.{name}" if path else name
-            line = key.start_mark.line + 1
-            if name in seen and name != "<<":
-                raise ConfigError(field, f"given twice (lines {seen[name]} and {line}); give each key once")
-            seen[name] = line
-            _no_duplicate_keys(value, field)
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            _no_duplicate_keys(item, f"{path}[{i}]")
 
 
 def load(path: str | pathlib.Path, overrides: dict | None = None) -> Config:
@@ -387,3 +348,8 @@ def load(path: str | pathlib.Path, overrides: dict | None = None) -> Config:
             else:
                 raw[key] = value
     return parse(raw, text)
+
+
+# the checks of a parsed config, in flows/config_checks.py (imported last: they use Config)
+from flows.config_checks import (check_address, check_data, check_fits, check_payload, check_stages,  # noqa: E402,F401
+                                 field_of)

@@ -80,8 +80,7 @@ def cmd_run(args) -> int:
     # store is made or any server or cluster starts
     cfgs = [config_mod.load(path, overrides) for path in args.config]
     for cfg in cfgs:
-        for stage in cfg.stages:
-            config_mod.check_fits(stage)
+        config_mod.check_stages(cfg)
     if args.json is not None:
         preflight.file_for_writing(args.json, "--json")
     stores = [cfg.store_path(args.store) for cfg in cfgs]
@@ -100,12 +99,21 @@ def cmd_run(args) -> int:
     from kktlab.progress_view import terminal_bars
     from storage.query import open_results, summary
 
+    # every check that can refuse a config or store runs, for every config and stage, before the
+    # first group is made: a refused run leaves no new group behind
+    from storage.store import check_kktlab_store
+
+    planned: dict = {}
     for cfg, store in zip(cfgs, stores):
+        check_kktlab_store(store)  # a file, a foreign folder or Zarr store: one line
         if os.path.exists(os.path.join(store, "zarr.json")):
             from storage.verify import find_groups
 
             find_groups(store)  # a group whose metadata is gone: one line, before anything runs
-        for stage in cfg.stages:  # an existing group of another experiment or grid: one line, before the server
+        for i, stage in enumerate(cfg.stages):  # an existing group of another experiment or grid: one line
+            _check_group(stage, store, planned, "" if cfg.stages[0] is cfg else f"stages[{i}].")
+    for cfg, store in zip(cfgs, stores):
+        for stage in cfg.stages:  # then the groups are made, before the server
             open_store(stage, store, stage.runner["device"])
     all_stats = []
     try:
@@ -134,6 +142,29 @@ def cmd_run(args) -> int:
               "rerun with --retry-failed to compute them again", file=sys.stderr)
         return 3
     return 0
+
+
+def _check_group(stage, store: str, planned: dict, field: str = "") -> None:
+    """Refuse, without making anything, a stage whose group exists in ``store`` with another
+    experiment, source, grid or params (what :meth:`Store.open_or_create` would refuse), or that
+    an earlier config of this run writes with another identity (``planned``); ``field``: the
+    stage's prefix in a chain (``stages[1].``), put before the config field a refusal names."""
+    from core.errors import StoreError
+    from storage.store import Store
+
+    exp = stage.exp
+    group = Store(store, stage.name)
+    ident = group.identity(exp, stage.store_grid, stage.params, stage.cases, stage.source)
+    key = (os.path.realpath(store), stage.name)
+    text = json.dumps(ident, sort_keys=True, default=str)
+    if planned.setdefault(key, text) != text:
+        raise UserError(f"two of the configs write group '{stage.name}' of store {store} with other experiments, "
+                        "grids or params; give one of them another name or store")
+    if os.path.exists(os.path.join(store, stage.name, "zarr.json")):
+        try:
+            group.check_identity(ident, {k: p.default for k, p in exp.params.items()}, set(exp.inherits))
+        except StoreError as err:
+            raise StoreError(str(err).replace("config field '", f"config field '{field}", 1)) from None
 
 
 def _print_stage(cfg, store, stats, table: str) -> None:

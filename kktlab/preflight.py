@@ -3,6 +3,7 @@ failure is one :class:`UserError` naming the option or field and the path."""
 
 from __future__ import annotations
 
+import os
 import pathlib
 import tempfile
 
@@ -31,6 +32,7 @@ def folder_for_writing(path: str | pathlib.Path, what: str) -> None:
     path = pathlib.Path(path)
     if not str(path).strip():
         raise UserError(f"{what} is empty: give a path")
+    short_names(path, what)
     base = _nearest_existing(path)
     if not base.is_dir():
         where = "is a file" if base == path else f"lies under {base}, which is a file"
@@ -42,9 +44,36 @@ def folder_for_writing(path: str | pathlib.Path, what: str) -> None:
         raise UserError(f"{what} {path}: its folder {path.parent} is read-only (cannot write the lock file)")
 
 
+STORE_SUFFIX = ".checkpoints"  # the longest of the folders and files made beside a store (.cache, .lock, .partial)
+
+
+def _name_max(path: pathlib.Path) -> int:
+    """The longest file name (bytes) the file system under ``path`` takes (255 where it won't say)."""
+    base = next((p for p in (path, *path.parents) if os.path.exists(p)), pathlib.Path("."))
+    try:
+        return os.pathconf(base, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        return 255
+
+
+def short_names(path: str | pathlib.Path, what: str, suffix: str = "") -> None:
+    """Every component of ``path`` (its last one with ``suffix``) fits the file system's limit on a
+    file name (else the store would fail with "File name too long" after work began)."""
+    path = pathlib.Path(path)
+    limit = _name_max(path)
+    for i, part in enumerate(path.parts):
+        size = len(part.encode("utf-8", "surrogateescape")) + (len(suffix) if i == len(path.parts) - 1 else 0)
+        if size > limit:
+            extra = f" with '{suffix}' (the folders made beside it)" if i == len(path.parts) - 1 and suffix else ""
+            raise UserError(f"{what} {str(path)[:60]}...: the name {part[:20]}... is {size} bytes{extra}; "
+                            f"a file name is at most {limit} bytes here")
+
+
 def store(path: str, what: str = "store") -> None:
     """A results store can be created or written at ``path``; the group folders of an existing
     store are probed too (a store made read-only)."""
+    if str(path).strip():
+        short_names(path, what, STORE_SUFFIX)
     folder_for_writing(path, what)
     p = pathlib.Path(path)
     for group in sorted(q for q in p.iterdir() if q.is_dir()) if p.is_dir() else ():
@@ -57,6 +86,7 @@ def file_for_writing(path: str, what: str) -> None:
     p = pathlib.Path(path)
     if not str(path).strip():
         raise UserError(f"{what} is empty: give a file path")
+    short_names(p, what)
     if p.is_dir():
         raise UserError(f"{what} {path} is a folder; give a file path")
     folder = p.parent

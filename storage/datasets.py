@@ -2,8 +2,9 @@
 scikit-learn's bundled digits.
 
 The only place that reads data files or ``$KKTLAB_DATA``; the maths in ``tasks/`` gets tensors.
-MNIST files are checked against the folder's ``SHA256SUMS`` and their IDX headers before use: a
-missing or corrupt file stops with one line naming the file and what to do.
+MNIST and CIFAR files are checked against their folder's ``SHA256SUMS`` before use
+(:func:`check_data`, also when a config is validated): a missing or corrupt file, checksum list or
+data folder stops with one line naming the file and what to do.
 """
 
 from __future__ import annotations
@@ -86,6 +87,43 @@ def check_mnist(root: pathlib.Path) -> dict[str, str]:
     return out
 
 
+def check_cifar(root: pathlib.Path | None = None) -> str:
+    """Check the CIFAR-10 file against ``cifar10/SHA256SUMS``; returns its sha256. Raises
+    :class:`DataError` naming the file when it, or its checksum, is missing or does not match."""
+    path = cifar_path(root)
+    sums_path = path.parent / "SHA256SUMS"
+    if not path.is_file():
+        raise DataError(f"CIFAR-10 file {path} is missing (set KKTLAB_DATA to the folder holding cifar10/)")
+    if not sums_path.is_file():
+        raise DataError(f"CIFAR-10 checksum list {sums_path} is missing; the shared data folder should hold "
+                        "SHA256SUMS beside the npz file (set KKTLAB_DATA to the data folder)")
+    sums = {parts[1].lstrip("*"): parts[0].lower() for parts in map(str.split, sums_path.read_text().splitlines())
+            if len(parts) == 2}
+    if path.name not in sums:
+        raise DataError(f"CIFAR-10 file {path.name} has no checksum in {sums_path}")
+    st = path.stat()
+    got = _verified(str(path), st.st_size, st.st_mtime)
+    if got != sums[path.name]:
+        raise DataError(f"CIFAR-10 file {path} is corrupt: sha256 {got[:16]}... differs from SHA256SUMS "
+                        f"{sums[path.name][:16]}...; copy the file again from the shared data folder")
+    return got
+
+
+# values of an experiment's ``data`` parameter that name a real data set read from files, and the
+# check of those files (the other values are synthetic or bundled with a package, like digits)
+DATA_SETS = {"mnist": lambda root: check_mnist(root / "mnist"), "cifar_vehicles": check_cifar}
+
+
+def check_data(name: str, root: pathlib.Path | None = None) -> None:
+    """The files of data set ``name`` (a key of :data:`DATA_SETS`) are present and match their
+    checksums; raises :class:`DataError` naming the missing or corrupt file (or data folder)."""
+    root = root or shared_data_dir()
+    if not root.is_dir():
+        raise DataError(f"data folder {root} does not exist (set KKTLAB_DATA to the folder holding mnist/ and "
+                        "cifar10/)")
+    DATA_SETS[name](root)
+
+
 def _mnist_raw(root: pathlib.Path, split: str) -> tuple[np.ndarray, np.ndarray, str]:
     """The checked MNIST ``split`` files of ``root`` (the mnist folder): images (n, 784) uint8,
     labels (n,) int64 and the images file's sha256."""
@@ -155,10 +193,8 @@ def cifar_vehicles_animals(n_per_class: int, root: pathlib.Path | None = None):
     """Haim et al.'s binary CIFAR-10 set (paper 004 F004-2): the first ``n_per_class`` vehicles (+1)
     and the first ``n_per_class`` animals (−1) of the training split, pixels in [0, 1] minus the
     set's mean, (2n, 3072) float64 channel-major. Returns (X, y, indices into the training split,
-    mean (3072,), sha256 of the file). FileNotFoundError names the missing file."""
-    path = cifar_path(root)
-    if not path.is_file():
-        raise FileNotFoundError(f"CIFAR-10 file {path} not found (set KKTLAB_DATA to the folder holding cifar10/)")
+    mean (3072,), sha256 of the file). :class:`DataError` names a missing or corrupt file."""
+    digest = check_cifar(root)
     x, labels = cifar10("train", root)
     veh = torch.isin(labels, torch.tensor(VEHICLES))
     pos, neg = veh.nonzero().squeeze(1)[:n_per_class], (~veh).nonzero().squeeze(1)[:n_per_class]
@@ -168,7 +204,7 @@ def cifar_vehicles_animals(n_per_class: int, root: pathlib.Path | None = None):
     X = x[idx]
     y = torch.cat([torch.ones(n_per_class), -torch.ones(n_per_class)]).to(torch.float64)
     mean = X.mean(0)
-    return X - mean, y, idx, mean, sha256(path)
+    return X - mean, y, idx, mean, digest
 
 
 def cifar_rows(indices, checksum: int, root: pathlib.Path | None = None) -> torch.Tensor:

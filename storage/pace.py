@@ -37,6 +37,8 @@ class Pace:
         age = f"last cell stored {_span(self.last_age_s)} ago"
         if self.done >= self.total:
             return f"all stored; {age}"
+        if self.last_age_s > PAUSE_S:
+            return f"{age}: no run is storing cells now, or its bundles take over {_span(PAUSE_S)}"
         if self.rate is None:
             return f"{age}; too early for an ETA (only the first bundles of this run are stored)"
         eta = f"ETA ~{_span(self.eta_s)} for {self.total - self.done} cells if the run is still going"
@@ -68,19 +70,21 @@ def stored_times(path: str | pathlib.Path, group: str, arr: zarr.Array | None = 
 
 def pace(path: str | pathlib.Path, group: str, done: int, now: float | None = None) -> Pace | None:
     """The pace of ``group``'s current burst (cells stored with no pause of :data:`PAUSE_S`), or None
-    when no cell is done. ``done`` is the caller's count of sound done cells (damaged ones are to
-    be computed again). The rate counts the cells stored after the burst's first wave (within
+    when no cell is done or nothing is left to run: every cell marked done (stored, failed, or done
+    but damaged: the run is over; the next one marks damaged cells not done when it starts), and no
+    rate once no cell has been stored for :data:`PAUSE_S`. ``done`` is the caller's count of sound
+    done cells (damaged ones are to be computed again). The rate counts the cells stored after the burst's first wave (within
     :data:`SAME_BUNDLE_S` of its first cell: the first bundles of parallel workers) over the time
     from that first cell to now, so it is on the slow side while a bundle is in flight rather than
     inflated by bundles that finished together, and a run of one wave gets none."""
     arr = _done(path, group)
     t = stored_times(path, group, arr)
-    if not t.size:
+    if not t.size or t.size >= arr.size:  # (one time per cell marked done)
         return None
     now = time.time() if now is None else now
     gaps = np.nonzero(np.diff(t) > PAUSE_S)[0]
     burst = t[gaps[-1] + 1:] if gaps.size else t
     after = burst[burst > burst[0] + SAME_BUNDLE_S]
     span = max(now, burst[-1]) - burst[0]
-    rate = after.size / span if after.size and span > 0 else None
+    rate = after.size / span if after.size and span > 0 and now - burst[-1] <= PAUSE_S else None
     return Pace(done=done, total=int(arr.size), last_age_s=max(0.0, now - t[-1]), rate=rate)

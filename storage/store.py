@@ -34,6 +34,7 @@ from core.declare import Experiment
 from core.errors import StoreError
 from storage import schema
 from storage import verify as verify_mod
+from storage.foreign import check_kktlab_store
 
 warnings.filterwarnings("ignore", message=".*Consolidated metadata.*")
 warnings.filterwarnings("ignore", message=".*does not have a Zarr V3 specification.*")
@@ -89,10 +90,7 @@ class Store:
         """Create the group from the template, or check an existing one is the same experiment.
         ``grid`` is the group's dims (for a stage of a chain: its upstream's, then its own),
         ``source`` the stage it reads from."""
-        if self.path.exists() and not self.path.is_dir():
-            raise StoreError(f"store path {self.path} exists and is not a directory")
-        if self.path.is_dir() and any(self.path.iterdir()) and not (self.path / "zarr.json").exists():
-            raise StoreError(f"store path {self.path} is a non-empty directory that is not a Zarr store")
+        check_kktlab_store(self.path)
         ident = self.identity(exp, grid, params, cases, source)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # creating the root and a group is the one step two sweeps may race on: serialise it

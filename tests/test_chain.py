@@ -97,7 +97,7 @@ def test_chain_config_dims_and_a_config_without_stages_is_a_chain_of_one():
 
 # --- end to end -------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module")  # a real Prefect server and Dask LocalCluster: its tests are requires_services, slow
 def chained(prefect_server, cli, tmp_path_factory):
     """The tiny chain, and nonrobust on the same cells, each run once through the CLI."""
     import yaml
@@ -114,6 +114,8 @@ def chained(prefect_server, cli, tmp_path_factory):
     return root, res
 
 
+@pytest.mark.requires_services
+@pytest.mark.slow
 def test_chain_end_to_end_groups_dims_done(chained):
     from storage.query import open_results
 
@@ -138,6 +140,8 @@ def test_chain_end_to_end_groups_dims_done(chained):
     assert "[kktlab] nets: cells 4/4" in res.stderr and "== universal_attack / robustness" in res.stdout
 
 
+@pytest.mark.requires_services
+@pytest.mark.slow
 def test_load_nets_reproduces_the_stored_margins(chained):
     import torch
 
@@ -156,6 +160,8 @@ def test_load_nets_reproduces_the_stored_margins(chained):
             np.testing.assert_allclose(q[e, :m], stored, rtol=0, atol=1e-12)
 
 
+@pytest.mark.requires_services
+@pytest.mark.slow
 def test_chained_numbers_equal_nonrobust(chained):
     from storage.query import open_results
 
@@ -172,6 +178,8 @@ def test_chained_numbers_equal_nonrobust(chained):
         np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-9, equal_nan=True, err_msg=name)
 
 
+@pytest.mark.requires_services
+@pytest.mark.slow
 def test_rerun_computes_nothing_and_verify_is_clean(chained, cli):
     root, _ = chained
     res = cli.run("run", root / "chain.yaml", "--store", root / "chain.zarr", "--json", root / "again.json")
@@ -181,6 +189,8 @@ def test_rerun_computes_nothing_and_verify_is_clean(chained, cli):
     assert cli.run("verify", root / "chain.zarr").returncode == 0
 
 
+@pytest.mark.requires_services
+@pytest.mark.slow
 def test_a_cell_whose_upstream_failed_is_failed_not_computed(chained, tmp_path):
     """The worker reads its upstream cells from the store; one that failed is named, not used."""
     from flows import experiments
@@ -198,6 +208,8 @@ def test_a_cell_whose_upstream_failed_is_failed_not_computed(chained, tmp_path):
     assert FAILED not in out[1] and np.isfinite(out[1]["c_star"])
 
 
+@pytest.mark.requires_services
+@pytest.mark.slow
 def test_report_of_the_chained_store_draws_what_nonrobust_draws(chained, tmp_path):
     """Paper 002 on the chain: ``kktlab report`` draws the same figures and acceptance rows from the
     chained store (the attack group, with its train stage's numbers) as from nonrobust's store."""
@@ -221,6 +233,8 @@ def test_report_of_the_chained_store_draws_what_nonrobust_draws(chained, tmp_pat
     assert "(its nets are drawn with the stages that read them)" in (tmp_path / "chain" / "index.md").read_text()
 
 
+@pytest.mark.requires_services
+@pytest.mark.slow
 def test_load_nets_gives_each_net_its_cell_as_it_was_run(chained):
     """A reader sees the upstream cell's fixed parameters beside its coordinates (so it need not
     repeat them, and cannot contradict them)."""

@@ -28,6 +28,7 @@ GRID = {"d": [12, 24], "seed": [0, 1]}
 ATTACKS = ["margin_direction", "random_direction"]
 RUNNER = {"cluster": "inline", "workers": 1, "bundle_size": 2}
 CHANGED = (1, 0)  # the upstream cell (d=24, seed=0) whose values a test changes
+pytestmark = [pytest.mark.requires_services, pytest.mark.slow]  # every test reads the chain run on a real Prefect server
 
 
 def chain(stages: int = 2, reader: str = "robustness", attacks: list = ATTACKS) -> config.Chain:

@@ -138,3 +138,110 @@ def test_prefect_yaml_lists_every_deployment():
     deployments = yaml.safe_load((root / "deploy" / "prefect.yaml").read_text())["deployments"]
     assert sorted(d["name"] for d in deployments) == experiments.names()
     assert {d["entrypoint"] for d in deployments} == {"flows/served.py:submit"}
+
+
+# --- issue 29 items 7 and 12: refused before any group is made; status of a finished store -------
+
+def test_a_chain_names_its_shared_runner_and_its_stages_fields(monkeypatch):
+    """A chain's runner is the chain's (``runner.workers``, not ``stages[0].runner.workers``); a
+    stage's memory check names the stage (``stages[0].params.width``)."""
+    chain = {"stages": [{"name": "nets", "experiment": "nonrobust", "grid": {"d": [10], "seed": [0]}}]}
+    with pytest.raises(ConfigError) as err:
+        config.parse(dict(chain, runner={"workers": 0}))
+    assert err.value.field == "runner.workers"
+    big = {"stages": [{"name": "nets", "experiment": "nonrobust", "grid": {"d": [10, 1_000_000], "seed": [0]},
+                       "params": {"width": 100_000, "m": 100_000}}]}
+    with pytest.raises(ConfigError) as err:
+        config.check_stages(config.parse(big))
+    assert err.value.field.split(", ")[:2] == ["stages[0].grid.d", "stages[0].params.m"], str(err.value)
+
+
+def test_duplicate_grid_values_are_named():
+    with pytest.raises(ConfigError, match=r"duplicate values in \[10, 10, 20, 20, 20\]: 10, 20 given more than once"):
+        config.parse(with_(grid__d=[10, 10, 20, 20, 20]))
+
+
+def test_a_foreign_zarr_store_gets_no_group(tmp_path):
+    import zarr
+
+    from core.errors import StoreError
+    from flows.sweep import open_store
+
+    zarr.open_group(str(tmp_path / "f.zarr"), mode="w", zarr_format=3).create_group("theirs").attrs["owner"] = "me"
+    with pytest.raises(StoreError, match="is a Zarr store that kktlab did not write"):
+        open_store(config.parse(GOOD), tmp_path / "f.zarr", "cpu")
+    assert sorted(p.name for p in (tmp_path / "f.zarr").iterdir()) == ["theirs", "zarr.json"]
+
+
+def _two_configs(write_config, tmp_path, first: dict, second: dict):
+    store = str(tmp_path / "s.zarr")
+    return [str(write_config(dict(first, store=store), "a.yaml")), str(write_config(dict(second, store=store), "b.yaml"))]
+
+
+def test_no_group_is_made_when_a_later_config_is_refused(write_config, tmp_path, capsys):
+    """Two configs that would write one group with other grids: refused before either is made."""
+    paths = _two_configs(write_config, tmp_path, with_(name="g"), with_(name="g", grid__d=[30]))
+    assert cli.main(["run", *paths]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "two of the configs write group 'g'" in err[0], err
+    assert not (tmp_path / "s.zarr").exists()
+
+
+def test_no_group_is_made_when_a_later_group_does_not_match(write_config, tmp_path, capsys):
+    """The store holds group 'b' of another grid: a run of 'a' then 'b' makes neither."""
+    from flows.sweep import open_store
+
+    open_store(config.parse(with_(name="b", grid__d=[30])), tmp_path / "s.zarr", "cpu")
+    paths = _two_configs(write_config, tmp_path, with_(name="a"), with_(name="b"))
+    assert cli.main(["run", *paths]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "config field 'grid.d' is [10, 20]" in err[0], err
+    assert sorted(p.name for p in (tmp_path / "s.zarr").iterdir()) == ["b", "zarr.json"]
+
+
+def test_status_of_a_finished_store_with_damage_shows_no_pace(tmp_path, capsys):
+    """Issue 29 item 12: every cell stored (one since damaged), the run over: `status` names the
+    damage and prints no pace or ETA, as nothing runs. A run stopped long ago gets no ETA either."""
+    import os
+    import time
+
+    import numpy as np
+
+    from flows.sweep import open_store
+    from storage import pace, schema
+
+    c = config.parse(with_(grid__d=[10, 20, 30]))
+    path = tmp_path / "s.zarr"
+    store = open_store(c, path, "cpu")
+    values = {k: np.arange(20, dtype=v.dtype) if v.dims else np.asarray(7, dtype=v.dtype)
+              for k, v in c.exp.variables.items()}
+    now = time.time()
+    for i in range(3):  # a run of an hour that ended two hours ago
+        assert store.write_cell((i, 0), values)
+        t = now - 3 * 3600 + i * 1800
+        os.utime(path / c.name / schema.DONE / "c" / str(i) / "0", (t, t))
+    (path / c.name / "c_star" / "c" / "1" / "0").unlink()
+    assert cli.main(["status", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "damaged" in out and "pace" not in out and "ETA" not in out, out
+    assert pace.pace(path, c.name, 2, now=now) is None
+    store.mark_not_done([(2, 0)])  # a cell left to compute, by a run that stopped two hours ago
+    p = pace.pace(path, c.name, 2, now=now)
+    assert p.rate is None and p.eta_s is None and "ETA" not in p.line() and "no run is storing" in p.line()
+
+
+def test_a_stage_whose_group_does_not_match_is_named_with_its_stage(write_config, tmp_path, capsys):
+    """The store's second group was made with another grid: the refusal names ``stages[1].…``."""
+    from flows.sweep import open_store
+
+    def chain(attacks):
+        return {"name": "c", "stages": [
+            {"name": "nets", "experiment": "train", "grid": {"seed": [0]}, "params": {"d": 10, "width": 4}},
+            {"name": "attack", "experiment": "universal_attack", "from": "nets", "grid": {"attack": attacks}}]}
+    for stage in config.parse(chain(["margin_direction"])).stages:
+        open_store(stage, tmp_path / "s.zarr", "cpu")
+    path = write_config(chain(["margin_direction", "random_direction"]))
+    assert cli.main(["run", str(path), "--store", str(tmp_path / "s.zarr")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "config field 'stages[1].grid.attack' is ['margin_direction', 'random_direction']" \
+        in err[0], err

@@ -75,6 +75,10 @@ V = {
     "recovered_retained": Var("1", "the same for the retained training points"),
     "dist_forgotten": Var("l2 norm", "mean best-candidate distance of the forgotten points (NaN: none)"),
     "dist_retained": Var("l2 norm", "mean best-candidate distance of the retained points"),
+    "point_cos": Var("1", "per training point: the largest cosine of a candidate to it (direction; W-only nets "
+                     "identify points up to scale)", dims=("sample",)),
+    "cos_forgotten": Var("1", "mean best-candidate cosine of the forgotten points (NaN: none)"),
+    "cos_retained": Var("1", "mean best-candidate cosine of the retained points"),
 }
 
 

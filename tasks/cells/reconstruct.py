@@ -103,18 +103,24 @@ def run(W, b, v, X, y, mask, d, m, width, cells: list[dict], device: str = "cpu"
 
 def point_recovery(Xc, X, mask, gone, rho: float) -> dict:
     """Per training point the distance of the best candidate to it (spec 004 §2.5 read from the
-    point's side) and, for the points an upstream unlearn stage forgot and for the retained ones,
-    the fraction recovered (best candidate within ``rho``) and the mean best distance.
+    point's side), the best cosine of a candidate to it (the direction: where the output layer is
+    frozen, stationarity over W alone is blind to x' -> s x', λ -> λ/s, so only directions are
+    identifiable), and, for the points an upstream unlearn stage forgot and for the retained ones,
+    the fraction recovered (best candidate within ``rho``), the mean best distance and cosine.
     Xc (E,l,d) candidates with any shift taken off, X (E,m,d), mask / gone (E,m) bool."""
     D = torch.cdist(X, Xc, compute_mode="donot_use_mm_for_euclid_dist").amin(-1)  # (E,m)
     D = torch.where(mask, D, torch.full_like(D, math.nan)).cpu()
+    unit = torch.nn.functional.normalize
+    cos = torch.bmm(unit(X, dim=-1), unit(Xc, dim=-1).transpose(1, 2)).amax(-1)  # (E,m) best direction
+    cos = torch.where(mask, cos, torch.full_like(cos, math.nan)).cpu()
     rec = (D <= rho).to(D.dtype)
-    out = {"point_dist": D}
+    out = {"point_dist": D, "point_cos": cos}
     for name, sel in (("forgotten", (gone & mask).cpu()), ("retained", (mask & ~gone).cpu())):
         n = sel.sum(1).to(D.dtype)
         none = n == 0
+        mean = lambda t: torch.where(none, math.nan, torch.nan_to_num(t * sel).sum(1) / n.clamp_min(1))  # noqa: E731
         out[f"recovered_{name}"] = torch.where(none, math.nan, (rec * sel).sum(1) / n.clamp_min(1))
-        out[f"dist_{name}"] = torch.where(none, math.nan, torch.nan_to_num(D * sel).sum(1) / n.clamp_min(1))
+        out[f"dist_{name}"], out[f"cos_{name}"] = mean(D), mean(cos)
     return out
 
 

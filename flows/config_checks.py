@@ -1,0 +1,94 @@
+"""Checks of a parsed config beyond its fields' own types and bounds (flows/config.py): the data
+files it reads, the Dask address, the payload Prefect carries, the memory of its largest cell, the
+stages' groups; each one line naming the field."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from core.errors import ConfigError
+from flows.config import ADDRESS, PREFECT_PARAMETER_LIMIT, Config, _show
+
+
+def field_of(cfg: Config, key: str, cell: dict | None = None) -> str:
+    """Where the config sets parameter ``key`` (of ``cell``): ``grid.key``, the case that set it
+    (``grid.axis[i].key``) or ``params.key``."""
+    if key in cfg.grid:
+        return f"grid.{key}"
+    for axis, by_value in cfg.cases.items():
+        if cell is not None and key in by_value.get(cell[axis], {}):
+            return f"grid.{axis}[{cfg.grid[axis].index(cell[axis])}].{key}"
+    return f"params.{key}"
+
+
+def check_data(cfg: Config) -> None:
+    """The files of every real data set the cells train on (a ``data`` parameter naming one,
+    storage/datasets.py DATA_SETS) are present and match their checksums: a missing or corrupt file
+    is refused here, naming it and the field, not on a worker after the store is made."""
+    if "data" not in cfg.exp.params:
+        return
+    from storage import datasets
+
+    seen = set()
+    for cell in cfg.iter_cells():
+        value = cell["data"]
+        if value in seen or value not in datasets.DATA_SETS:
+            continue
+        seen.add(value)
+        try:
+            datasets.check_data(value)
+        except datasets.DataError as err:
+            raise ConfigError(field_of(cfg, "data", cell), f"{value!r}: {err}") from None
+
+
+def check_address(address: str) -> None:
+    """A Dask scheduler address must read protocol://host:port."""
+    match = ADDRESS.match(address)
+    if not match or not 1 <= int(match.group(3)) <= 65535:
+        raise ConfigError("runner.address", f"{_show(address)} is not a scheduler address; allowed: "
+                          "tcp://host:port (or tls://, ucx://, ws://, wss://), port 1-65535")
+
+
+def check_payload(cfg: Config) -> None:
+    """The sweep receives the config (text and parsed) as Prefect flow parameters, which Prefect
+    caps in size: refuse here what the server would refuse after the store is made."""
+    limit = int(os.environ.get("PREFECT_SERVER_API_MAX_PARAMETER_SIZE", PREFECT_PARAMETER_LIMIT))
+    size = len(json.dumps(dict(cfg.to_dict(), _text=cfg.text), default=str).encode())
+    if limit and size > limit * 0.9:  # 10% for the store path and Prefect's own fields
+        raise ConfigError("<file>", f"the config makes {size:,} bytes of flow parameters; Prefect takes at most "
+                          f"{int(limit * 0.9):,} here (PREFECT_SERVER_API_MAX_PARAMETER_SIZE); list fewer values")
+
+
+def check_fits(cfg: Config) -> None:
+    """Refuse a grid whose largest cell cannot fit in the memory of this machine (the workers of a
+    local, inline or cuda cluster run here): the experiment's ``memory`` estimate against
+    :func:`flows.bundles.memory_budget` with all of the free memory shared by the workers."""
+    exp = cfg.exp
+    if cfg.runner["cluster"] == "address" or not exp.memory_fields:
+        return
+    need, cell = max(((exp.memory(c), c) for c in cfg.iter_cells()), key=lambda t: t[0])
+    from flows.bundles import memory_budget
+
+    workers = cfg.runner["workers"] if cfg.runner["cluster"] in ("local", "inline") else 1
+    have = memory_budget(cfg.runner["device"], workers, fraction=1.0)
+    if need <= have:
+        return
+    fields = ", ".join(f"grid.{f}" if f in cfg.grid else f"params.{f}" for f in exp.memory_fields)
+    sizes = ", ".join(f"{f}={cell[f]}" for f in exp.memory_fields)
+    gib = 2.0**30
+    raise ConfigError(fields, f"the largest cell ({sizes}) needs about {need / gib:,.1f} GiB, more than the "
+                      f"{have / gib:,.1f} GiB free here for each of {workers} worker(s) (device "
+                      f"{cfg.runner['device']}); make it smaller" + (" or use fewer runner.workers" if workers > 1 else ""))
+
+
+def check_stages(cfg) -> None:
+    """:func:`check_fits` for every stage of ``cfg`` (a Config, or a chain of flows/stages.py), each
+    field named as the file names it (``stages[i].params.m`` in a chain)."""
+    for i, stage in enumerate(cfg.stages):
+        try:
+            check_fits(stage)
+        except ConfigError as err:
+            if isinstance(cfg, Config):
+                raise
+            raise ConfigError(", ".join(f"stages[{i}].{f}" for f in err.field.split(", ")), err.message) from None
