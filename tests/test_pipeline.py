@@ -178,3 +178,53 @@ def test_known_answer_unlearned_point_is_no_longer_reconstructed():
     assert best["trained"][0] >= 0.85, best
     assert best["unlearned"][0] <= 0.3, best
     assert best["unlearned"][1:].min() >= 0.6 and best["trained"][1:].min() >= 0.6, best
+
+
+def test_single_step_init_diagnostics_are_on_the_init_net():
+    """Issue 28 item 2: f0, gnorm0 and n_flip_W of spec 003 §2.11 are on the init net (W0, b0), not
+    on W0 with the trained bias; nets without a stored init give NaN there."""
+    from tasks.cells.single_step import attack
+
+    g = torch.Generator().manual_seed(3)
+    E, m, d, nt = 2, 16, 6, 5
+    r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
+    W0, b0, X = r(E, m, d), r(E, m), r(E, nt, d)
+    W, b = W0 + 0.3 * r(E, m, d), b0 + 0.5 * r(E, m)
+    v = (torch.randint(0, 2, (E, m), generator=g).double() * 2 - 1) / math.sqrt(m)
+    y = torch.ones(E, nt, dtype=torch.float64)
+    cell = {"method": "single_step_exact", "deepfool": False}
+    out = attack(W, b, v, W0, b0, X, y, torch.full((E,), nt), torch.ones(E), [cell] * E, chunk=nt)
+    pre0 = X @ W0.transpose(1, 2) + b0[:, None]
+    f0 = (torch.relu(pre0) * v[:, None]).sum(-1)
+    g0 = ((pre0 > 0).double() * v[:, None]) @ W0
+    flips = ((X @ W.transpose(1, 2) + b[:, None] > 0) != (pre0 > 0)).sum(-1)
+    for e in range(E):
+        np.testing.assert_allclose(out[e]["f0"], f0[e].numpy(), rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(out[e]["gnorm0"], g0[e].norm(dim=-1).numpy(), rtol=1e-12)
+        np.testing.assert_array_equal(out[e]["n_flip_W"], flips[e].double().numpy())
+    none = attack(W, b, v, None, None, X, y, torch.full((E,), nt), torch.ones(E), [cell] * E, chunk=nt)
+    assert np.isnan(none[0]["f0"]).all() and np.isfinite(none[0]["eta_star"]).any()
+
+
+def test_pgd_random_starts_do_not_depend_on_bundle_mates():
+    """Issue 29 item 2: with random starts and restarts, a cell's robust accuracy is the same alone
+    and in a bundle (starts seeded per cell and drawn before chunking)."""
+    from flows.experiments import pgd
+    from storage.nets import Nets
+
+    g = torch.Generator().manual_seed(5)
+    E, k, d, M = 3, 12, 4, 30
+    W, b = torch.randn(E, k, d, generator=g, dtype=torch.float64), torch.randn(E, k, generator=g, dtype=torch.float64)
+    v = torch.randn(E, k, generator=g, dtype=torch.float64)
+    X = torch.randn(E, M, d, generator=g, dtype=torch.float64)
+    y = torch.sign((torch.relu(X @ W.transpose(1, 2) + b[:, None]) * v[:, None]).sum(-1))
+    full = lambda x: torch.full((E,), x)  # noqa: E731
+    nets = Nets(W, b, v, X, y, torch.ones(E, M, dtype=torch.bool), full(d), full(M), full(k),
+                torch.zeros(E, 8, dtype=torch.uint8), [{"seed": e} for e in range(E)], [""] * E)
+    cell = {k: p.default for k, p in pgd.P.items()} | {"points": "train", "budget": "given", "R": 0.3, "T2": 5,
+                                                       "restarts": 3, "random_start": True, "chunk": 7}
+    together = pgd.run_bundle([cell] * E, "cpu", inputs=nets)
+    for e in range(E):
+        alone = pgd.run_bundle([cell], "cpu", inputs=nets.select([e]))[0]
+        np.testing.assert_array_equal(alone["robust"], together[e]["robust"])
+    assert len({float(o["rta"]) for o in together}) > 1 or together[0]["rta"] < 1  # the attack did something

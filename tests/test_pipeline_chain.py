@@ -135,3 +135,62 @@ def test_report_draws_the_chain_figures_and_findings(ran, tmp_path):
     index = (tmp_path / "index.md").read_text()
     assert "## The chain: forgotten vs retained points" in index
     assert sum(line.startswith("| step | ga | 1 |") for line in index.splitlines()) == 1
+
+
+TOTAL = {"nets": 2, "gone": 4, "recon": 4, "step": 4, "pgd": 8, "forge": 4}
+
+
+def _done(store, group) -> int:
+    try:
+        return int(np.asarray(zarr.open_group(str(store / group), mode="r")["done"][...]).sum())
+    except Exception:  # noqa: BLE001 - not created yet
+        return -1
+
+
+MOMENTS = {  # kill -9 while a stage computes (loose: each stage of this chain takes seconds)
+    "unlearning": lambda s: _done(s, "nets") == TOTAL["nets"] and _done(s, "gone") < TOTAL["gone"],
+    "reading": lambda s: _done(s, "gone") >= 1 and sum(_done(s, g) for g in READERS) < sum(TOTAL[g] for g in READERS),
+}
+
+
+def _values(store) -> dict:
+    out = {}
+    for g in TOTAL:
+        ds = open_results(store, group=g).load()
+        out.update({f"{g}/{v}": ds[v].values for v in ds.data_vars if v != "wall_s"})
+    return out
+
+
+@pytest.mark.parametrize("moment", list(MOMENTS))
+def test_killed_during_a_stage_then_resumed_equals_a_clean_run(ran, cli, tmp_path, moment):
+    """kill -9 of the runner's process group while unlearning or while the readers run; the rerun
+    writes each missing cell once and every stage equals the clean run (``ran``)."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    store = tmp_path / "killed.zarr"
+    env = dict(os.environ, PREFECT_HOME=str(tmp_path / "home-a"))
+    proc = subprocess.Popen([*cli.argv, "run", str(ran / "chain.yaml"), "--store", str(store)], cwd=cli.root, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and proc.poll() is None and not MOMENTS[moment](store):
+            time.sleep(0.02)
+        at_kill = {g: _done(store, g) for g in TOTAL}
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert MOMENTS[moment](store), at_kill
+    res = cli.run("run", ran / "chain.yaml", "--store", store, "--json", tmp_path / "stats.json",
+                  env={"PREFECT_HOME": str(tmp_path / "home-b")}, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    stats = {s["group"]: s for s in json.loads((tmp_path / "stats.json").read_text())}
+    for g, total in TOTAL.items():
+        s = stats[g]
+        assert s["written"] + s["done_before"] == total and s["refused_done"] == 0 and s["failed"] == 0, (g, s)
+    clean, got = _values(ran / "chain.zarr"), _values(store)
+    assert set(clean) == set(got)
+    for k in clean:
+        np.testing.assert_allclose(got[k].astype(float), clean[k].astype(float), rtol=1e-9, equal_nan=True, err_msg=k)
