@@ -263,7 +263,7 @@ def cmd_show(args) -> int:
         from flows import experiments
 
         exp = experiments.get(exp_name) if exp_name in experiments.names() else None
-        print(summary(ds, variables=exp.summary if exp else ()))
+        print(summary(ds, variables=exp.summary if exp else (), max_rows=None))
     return 0
 
 

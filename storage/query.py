@@ -123,16 +123,20 @@ def summary_frame(ds: xr.Dataset, over: str = "seed", variables: tuple = (), ok:
     return sub.to_dataframe() if sub.sizes else sub.to_pandas().to_frame("mean").T
 
 
-def summary(ds: xr.Dataset, over: str = "seed", max_rows: int = 40, variables: tuple = (),
+def summary(ds: xr.Dataset, over: str = "seed", max_rows: int | None = 60, variables: tuple = (),
             ok: tuple | None = None) -> str:
-    """:func:`summary_frame` as a text table of at most ``max_rows`` rows."""
+    """:func:`summary_frame` as a text table: every row up to ``max_rows`` (None: all); past it the
+    first ``max_rows`` and a line saying how many more there are (never cut silently)."""
     df = summary_frame(ds, over, variables, ok)
-    if len(df) > max_rows:
+    more = len(df) - max_rows if max_rows is not None and len(df) > max_rows else 0
+    if more:
         df = df.head(max_rows)
     import pandas as pd
 
-    with pd.option_context("display.width", 200, "display.max_columns", 14, "display.precision", 4):
-        return df.to_string()
+    with pd.option_context("display.width", 200, "display.max_columns", 14, "display.precision", 4,
+                           "display.max_rows", None):
+        text = df.to_string()
+    return text + (f"\n... {more} more rows (of {len(df) + more}): `kktlab show STORE` prints them all" if more else "")
 
 
 def fixed_params(ds: xr.Dataset) -> dict:
