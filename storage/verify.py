@@ -158,6 +158,32 @@ def _read(arr: zarr.Array, cells: list[tuple[int, ...]]) -> tuple[np.ndarray, di
     return values, bad
 
 
+def _edited(gpath: pathlib.Path, harr: zarr.Array, variables: list[str], cells: list[tuple[int, ...]],
+            shape: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """The ``cells`` whose stored values no longer hash to their ``cell_hash`` (storage.store.content_hash
+    of what the worker wrote); cells without a hash (stores made before hashes) are not judged."""
+    from storage.store import content_hash
+
+    if not cells:
+        return []
+    stored = np.asarray(harr[...]).reshape(shape)
+    cells = [idx for idx in cells if int(stored[idx]) != schema.NO_HASH]
+    hashed = [n for n in variables if n not in schema.NOT_HASHED and n not in (schema.CELL_HASH, schema.UPSTREAM_HASH)]
+    try:
+        values = {n: np.asarray(zarr.open_array(str(gpath / n), mode="r", zarr_format=3)[...]) for n in hashed}
+    except Exception:  # noqa: BLE001 - a damaged chunk or array: named by the checks above, cell by cell
+        values = {}
+        for idx in list(cells):
+            try:
+                got = {n: np.asarray(zarr.open_array(str(gpath / n), mode="r", zarr_format=3)[idx]) for n in hashed}
+            except Exception:  # noqa: BLE001
+                cells.remove(idx)
+                continue
+            for n, a in got.items():
+                values.setdefault(n, np.zeros(shape + a.shape, dtype=a.dtype))[idx] = a
+    return [idx for idx in cells if content_hash({n: a[idx] for n, a in values.items()}) != int(stored[idx])]
+
+
 def verify_group(path: str | pathlib.Path, group: str,
                  declared: Callable[[str], tuple[str, ...]] | None = None) -> Report:
     """Check one experiment group (see the module docstring). ``declared(experiment)``: the
@@ -253,6 +279,10 @@ def verify_group(path: str | pathlib.Path, group: str,
                                       else "missing (reads the fill value)")
         for idx, problem in found.items():
             cells.setdefault(idx, []).append(f"variable {name} {problem}")
+    harr, _ = _open_array(gpath, schema.CELL_HASH)
+    if harr is not None and not broken:  # values edited after they were stored (issue 29 item 4)
+        for idx in _edited(gpath, harr, variables, [i for i in valued if i not in cells], shape):
+            cells.setdefault(idx, []).append("values differ from the cell_hash stored with them (edited since)")
     if unchecked:
         notes.append(f"no checksums on {len(unchecked)} arrays (store made before kktlab wrote crc32c): "
                      "flipped bytes and missing all-NaN chunks there cannot be detected")
