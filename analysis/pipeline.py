@@ -34,8 +34,8 @@ def readers_of_unlearn(store) -> list[tuple[str, str, xr.Dataset]]:
     for g in names:
         ds = open_results(store, g)
         up = _identity(ds).get("from")
-        if up and kinds.get(up) == "unlearn" and kinds[g] in PAIRS:
-            out.append((g, kinds[g], ds))
+        if up and kinds.get(up) == "unlearn" and kinds[g] in PAIRS and all(v in ds for v in PAIRS[kinds[g]][:2]):
+            out.append((g, kinds[g], ds))  # (a group made before these variables is left out)
     return out
 
 

@@ -184,6 +184,10 @@ class Experiment:
     rebuild: Callable[[Cell, Callable[[str], "np.ndarray"]], dict] | None = None  # noqa: F821
     # A producer of "nets": the contract of one of its cells (the cell as run, and the contract of the
     # upstream cell it read, None for a first stage). A reader: what one of its cells needs.
+    # What ``kktlab report`` draws and judges for a group of this experiment: modules of analysis/ with
+    # ``figures(ds, out_dir, prefix)`` (optionally ``notes``, ``sample_figures``) and ``acceptance(ds)``.
+    figures: str = ""
+    acceptance: str = ""
     nets: Callable[[Cell, "NetsContract | None"], NetsContract] | None = None
     needs: Callable[[Cell], NetsNeeds] = lambda cell: NetsNeeds()
 

@@ -10,29 +10,23 @@ from typing import Callable
 from analysis import acceptance as acc
 from storage.query import groups, open_results, provenance, stage_scalars, status
 
-# experiment -> module in analysis/ with ``figures(ds, out_dir, prefix) -> [paths]`` (and optionally
-# ``notes(ds) -> [markdown lines]``: seeds per point, cells left out)
-# (a reading stage's group comes with its upstream's per-cell numbers: storage.query.stage_scalars)
-FIGURES = {"nonrobust": "analysis.nonrobust", "universal_attack": "analysis.nonrobust",
-           "forging": "analysis.forging", "forging_sgd": "analysis.forging_sgd", "unlearn": "analysis.unlearn",
-           "single_step": "analysis.lazy", "pgd": "analysis.lazy", "reconstruct": "analysis.reconstruct",
-           "kkt_constructions": "analysis.kkt_constructions", "forge_net": "analysis.pipeline"}
-# experiment -> module in analysis/ with ``acceptance(ds) -> [analysis.acceptance.Row]``
-ACCEPTANCE = {"nonrobust": "analysis.acceptance_002", "universal_attack": "analysis.acceptance_002",
-              "forging": "analysis.acceptance_000", "unlearn": "analysis.acceptance_001",
-              "single_step": "analysis.acceptance_003", "pgd": "analysis.acceptance_003",
-              "reconstruct": "analysis.acceptance_004", "kkt_constructions": "analysis.kkt_constructions"}
+# What each experiment draws and judges is in its declaration (core.declare.Experiment.figures /
+# .acceptance: modules of analysis/), so a new stage is one declaration plus its maths.
 # modules in analysis/ with ``store_acceptance(store) -> [Row]``: claims that compare several groups of one
 # store per test point (paper 003 X3: single step vs DeepFool vs PGD on the same nets)
 STORE_ACCEPTANCE = ("analysis.acceptance_003",)
-# producing stages whose numbers are drawn with the stages that read them
-DRAWN_BY_READERS = ("train", "train_kkt", "lazy_train", "adv_train")
+
+
+def _declared(exp: str):
+    from flows import experiments
+
+    return experiments.get(exp) if exp in experiments.names() else None
 
 
 def acceptance_rows(ds) -> list[acc.Row]:
     """The acceptance rows of one experiment group ([] when none are registered)."""
-    exp = ds.attrs.get("kktlab_experiment", "?")
-    return importlib.import_module(ACCEPTANCE[exp]).acceptance(ds) if exp in ACCEPTANCE else []
+    decl = _declared(ds.attrs.get("kktlab_experiment", "?"))
+    return importlib.import_module(decl.acceptance).acceptance(ds) if decl and decl.acceptance else []
 
 
 def report(store: str | pathlib.Path, out: str | pathlib.Path,
@@ -57,13 +51,14 @@ def report(store: str | pathlib.Path, out: str | pathlib.Path,
             lines += ["### Acceptance", "", acc.markdown(rows), ""]
             echo(f"== {g} ({exp}): acceptance")
             echo(acc.text(rows))
-        if exp in DRAWN_BY_READERS:
+        decl = _declared(exp)
+        if decl and decl.produces and not decl.figures:
             lines += ["(its nets are drawn with the stages that read them)", ""]
             continue
-        if exp not in FIGURES:
+        if not decl or not decl.figures:
             lines += ["(no figures registered for this experiment)", ""]
             continue
-        module = importlib.import_module(FIGURES[exp])
+        module = importlib.import_module(decl.figures)
         figs = module.figures(ds, out, prefix=f"{g}_")
         if hasattr(module, "sample_figures"):  # figures from per-sample variables (paper 003 Fig 7)
             figs += module.sample_figures(open_results(store, g), out, prefix=f"{g}_")

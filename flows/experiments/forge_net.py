@@ -108,6 +108,7 @@ def trained_blocks(nets, e: int) -> frozenset:
 
 EXPERIMENT = register(Experiment(
     name="forge_net",
+    figures="analysis.pipeline",
     paper="000 Dixit, Hui, Saab: The Measure of Deception (data forging in machine unlearning)",
     description="log volume of the eps-forging set (Eq 1) at the training points of stored nets, forgotten vs "
                 "retained (reads 'nets')",

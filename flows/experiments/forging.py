@@ -144,6 +144,8 @@ def run_bundle(cells: list[dict], device: str = "auto") -> list[dict]:
 
 EXPERIMENT = register(Experiment(
     name="forging",
+    figures="analysis.forging",
+    acceptance="analysis.acceptance_000",
     paper="000 Dixit, Hui, Saab: The Measure of Deception (data forging in machine unlearning)",
     description="log volume of the eps-forging set: exact (linreg), naive MC, subset simulation (+ importance "
                 "sampling), nested sampling; bounds, nullity",

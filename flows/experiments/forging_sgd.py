@@ -47,6 +47,7 @@ def run_bundle(cells: list[dict], device: str = "auto") -> list[dict]:
 
 EXPERIMENT = register(Experiment(
     name="forging_sgd",
+    figures="analysis.forging_sgd",
     paper="000 Dixit, Hui, Saab: The Measure of Deception (data forging in machine unlearning)",
     description="Fig 1: SGD on the two-basin loss, original vs forged first point (trajectories stored per step)",
     params=P, variables=V, run_bundle=run_bundle, extra_dims=extra_dims,

@@ -73,6 +73,8 @@ def needs(cell: dict) -> NetsNeeds:
 
 EXPERIMENT = register(Experiment(
     name="kkt_constructions",
+    figures="analysis.kkt_constructions",
+    acceptance="analysis.kkt_constructions",
     paper="004 Refael, Smorodinsky, Lindenbaum, Safran: No Prior, No Leakage (KKT reconstruction)",
     description="F004-3: merge/split residuals, Thm 4 far sets, Thm 5/8 split budgets vs exact ranges, "
                 "App C on stored nets (reads 'nets')",

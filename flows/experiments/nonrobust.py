@@ -203,6 +203,8 @@ def run_bundle(cells: list[dict], device: str = "auto", checkpoint: str | None =
 
 EXPERIMENT = register(Experiment(
     name="nonrobust",
+    figures="analysis.nonrobust",
+    acceptance="analysis.acceptance_002",
     paper="002 Vardi, Yehudai, Shamir: Gradient methods provably converge to non-robust networks",
     description="train two-layer ReLU nets to loss 1e-30; smallest universal flip c* along z (Fig. 1, 2)",
     params=P, variables=V, run_bundle=run_bundle, bundle_key=bundle_key, cost=cost, check=check, memory=memory,

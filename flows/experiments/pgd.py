@@ -97,6 +97,8 @@ def bundle_key(cell: dict) -> tuple:
 
 EXPERIMENT = register(Experiment(
     name="pgd",
+    figures="analysis.lazy",
+    acceptance="analysis.acceptance_003",
     paper="003 Wang, Ullah, Mianjy, Arora: Adversarial robustness is at odds with lazy training",
     description="robust test accuracy under PGD-l2 (step 2.5R/T2, projection every step) on stored nets (reads 'nets')",
     params=P, variables=V, run_bundle=run_bundle, bundle_key=bundle_key, reads="nets", needs=needs,

@@ -111,6 +111,8 @@ def run_bundle(cells: list[dict], device: str = "auto", inputs=None) -> list[dic
 
 EXPERIMENT = register(Experiment(
     name="reconstruct",
+    figures="analysis.reconstruct",
+    acceptance="analysis.acceptance_004",
     paper="004 Refael, Smorodinsky, Lindenbaum, Safran: No Prior, No Leakage (KKT reconstruction)",
     description="KKT reconstruction attack (Haim et al.) on stored nets, stacked over radii x settings x restarts "
                 "(reads 'nets')",

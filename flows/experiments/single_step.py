@@ -86,6 +86,8 @@ def bundle_key(cell: dict) -> tuple:
 
 EXPERIMENT = register(Experiment(
     name="single_step",
+    figures="analysis.lazy",
+    acceptance="analysis.acceptance_003",
     paper="003 Wang, Ullah, Mianjy, Arora: Adversarial robustness is at odds with lazy training",
     description="exact minimal single gradient step flipping sign f on stored lazy nets + §2.11 diagnostics (reads 'nets')",
     params=P, variables=V, run_bundle=run_bundle, bundle_key=bundle_key, reads="nets", needs=needs,

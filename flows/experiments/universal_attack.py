@@ -44,6 +44,8 @@ def run_bundle(cells: list[dict], device: str = "auto", inputs=None) -> list[dic
 
 EXPERIMENT = register(Experiment(
     name="universal_attack",
+    figures="analysis.nonrobust",
+    acceptance="analysis.acceptance_002",
     paper="002 Vardi, Yehudai, Shamir: Gradient methods provably converge to non-robust networks",
     description="smallest universal flip c* along z, margins, KKT fit, Thm 4.1 / 3.1 on stored nets (reads 'nets')",
     params=P, variables=V, run_bundle=run_bundle, bundle_key=bundle_key, reads="nets", needs=needs,

@@ -170,6 +170,8 @@ def needs(cell: dict) -> NetsNeeds:
 
 EXPERIMENT = register(Experiment(
     name="unlearn",
+    figures="analysis.unlearn",
+    acceptance="analysis.acceptance_001",
     paper="001 Provable unlearning with gradient ascent on two-layer ReLU networks",
     description="GA / k-GA / retrain unlearning judged by the KKT criterion (Def 2.2) on stored nets (reads 'nets')",
     params=P, variables=V, run_bundle=run_bundle, bundle_key=bundle_key, reads="nets", inherits=INHERITS,
