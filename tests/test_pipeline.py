@@ -164,6 +164,9 @@ def test_known_answer_unlearned_point_is_no_longer_reconstructed():
     F[0, 0, 0] = True
     W_ga = METHODS["ga"](W[None], u[None], X[None], y[None], lam, F, torch.tensor([1.0], dtype=torch.float64))[0, 0, 0]
     assert float(W_ga[0].norm()) < 1e-12 and torch.allclose(W_ga[1:], W[1:])  # row 0 gone exactly
+    zero = torch.zeros(m, dtype=torch.float64)  # a KKT point over the trained block W, not over all of θ
+    assert float(rc.train_eps(W, zero, u, X, y, torch.tensor([True, False, False]))) < 1e-12
+    assert float(rc.train_eps(W, zero, u, X, y, torch.tensor([True, True, True]))) > 0.5
     cells = [dict(seed=0, restart=r, radius=1.0, init="sphere", n_candidates=2 * m, steps=1500, objective="haim",
                   lr_x=0.01, lr_lam=1e-4, lam_min=0.01, alpha=300.0, surrogate=True, box=False, rho=0.3, shift=0.0)
              for r in range(3)]

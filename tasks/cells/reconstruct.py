@@ -82,7 +82,7 @@ def run(W, b, v, X, y, mask, d, m, width, cells: list[dict], device: str = "cpu"
     for e, c in enumerate(cells):
         de, me = int(d[e]), int(m[e])
         sim = image_ssim(res.x[e, :, :de] - u_cpu[e, :de], Xs_cpu[e, :me, :de] - u_cpu[e, :de], sc.nearest[e])
-        eps, _ = bounds.eps_star(W[e, :, :de], b_att[e], v[e], Xs[e, :me, :de], y[e, :me])
+        eps = train_eps(W[e, :, :de], b_att[e], v[e], Xs[e, :me, :de], y[e, :me], blocks[e]) * theta2[e].sqrt()
         out.append({
             "status": int(res.status[e]), "objective": float(res.objective[e]),
             "objective_rel": float(res.objective[e] / theta2[e]), "objective_init": float(res.trace[e, 0]),
@@ -95,10 +95,22 @@ def run(W, b, v, X, y, mask, d, m, width, cells: list[dict], device: str = "cpu"
             "lam": res.lam[e].numpy(), "cand_norm": res.x[e, :, :de].norm(dim=1).numpy(),
             "candidates": res.x[e, :, :de].numpy(), "ssim": sim.numpy(),
             "ssim10": float(sim[sc.dist[e].argsort()[:10]].mean()), "ssim_max": float(sim.max()),
-            "avg_frac": float(closer[e].double().mean()), "avg_ratio": float(ratio[e].median()),
+            "avg_frac": float(closer[e].double().mean()), "avg_ratio": float(score.median(ratio[e])),
             **{k: (t[e].numpy() if t.dim() == 2 else float(t[e])) for k, t in per_point.items()},
         })
     return out
+
+
+def train_eps(W, b, v, X, y, blocks) -> torch.Tensor:
+    """ε*/‖θ‖ of one net over its trained blocks: all of θ (spec 004 §2.3, NNLS on the full Jacobian),
+    or W alone (paper 001's frozen-output nets: K1 of tasks/kkt/measure.py, scale free; inf where the
+    net does not classify its points)."""
+    if bool(blocks[0]) and not bool(blocks[1:].any()):
+        from tasks.kkt.measure import kkt_measure
+
+        return kkt_measure(W[None], v[None], X[None], y[None], None, "nnls").eps_rel[0].to(W.device)
+    eps, _ = bounds.eps_star(W, b, v, X, y)
+    return eps / (W.pow(2).sum() + b.pow(2).sum() + v.pow(2).sum()).sqrt()
 
 
 def point_recovery(Xc, X, mask, gone, rho: float) -> dict:
