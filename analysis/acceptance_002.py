@@ -39,8 +39,31 @@ def _alpha(ds: xr.Dataset) -> xr.DataArray:
     return np.log(ds["m_used"].astype(float)) / np.log(xr.zeros_like(ds.done, dtype=float) + _grid_or_param(ds, "d"))
 
 
+MARGIN = "margin_direction"  # R2 / R3 are about the margin direction z (spec 002 §4); E11's random directions are not
+
+
+def per_net(ds: xr.Dataset) -> xr.Dataset:
+    """One cell per trained net: a reading stage's own axes (attack, slack) repeat its train stage's
+    numbers, so R1 counts nets, not nets x attacks (issue 28 item 5)."""
+    return ds.isel({a: 0 for a in ("attack", "slack") if a in ds.dims})
+
+
+def margin_slice(ds: xr.Dataset) -> tuple[xr.Dataset | None, str]:
+    """The cells attacked along the margin direction (and a note saying so), or None with the reason
+    when the group attacks along other directions only."""
+    if "attack" in ds.dims:
+        if MARGIN not in list(ds["attack"].values):
+            return None, f"not judged: needs attack={MARGIN} cells (spec E11 expects other directions far larger)"
+        return ds.sel(attack=MARGIN), f"attack={MARGIN} cells only"
+    attack = fixed_params(ds).get("attack", MARGIN)
+    if attack != MARGIN:
+        return None, f"not judged: this group attacks along {attack} (R2/R3 are about {MARGIN})"
+    return ds, ""
+
+
 def r1(ds: xr.Dataset) -> Row:
     crit, thr = "all runs reach loss < target with 100 % training accuracy", "every done run"
+    ds = per_net(ds)
     target = _grid_or_param(ds, "target_loss")
     done = ds.done.values.astype(bool)
     if not done.any() or target is None or "log10_loss" not in ds:
@@ -67,6 +90,9 @@ def r2(ds: xr.Dataset) -> Row:
     d = _grid_or_param(ds, "d")
     if "c_star" not in ds or d is None:
         return skipped("R2", crit, thr)
+    ds, where = margin_slice(ds)
+    if ds is None:
+        return skipped("R2", crit, thr, where)
     ratio_all = ds["c_star"].astype(float) / np.sqrt(xr.zeros_like(ds.done, dtype=float) + d)
     mask = usable(ds, ok_statuses(ds)).values
     ratio = ratio_all.values[mask]
@@ -76,7 +102,7 @@ def r2(ds: xr.Dataset) -> Row:
     n_inf = int(np.isinf(ratio).sum())
     worst = float(np.max(ratio))
     measured = f"max {worst:.3g} over {ratio.size} runs" + (f" ({n_inf} with c* = inf)" if n_inf else "")
-    note = f"{left_out} non-converged runs left out" if left_out else ""
+    note = "; ".join(p for p in (where, f"{left_out} non-converged runs left out" if left_out else "") if p)
     return Row(crit, "R2", measured, thr, bool(worst < 1), note, worst)
 
 
@@ -88,6 +114,9 @@ def r3(ds: xr.Dataset) -> list[Row]:
               f"min |I|/m >= {R3_MOST} in every converged run"))
     if "margin_frac" not in ds:
         return [skipped("R3", c, t) for c, _, _, t in specs]
+    ds, where = margin_slice(ds)  # the margin set does not depend on the attack: one cell per (net, slack)
+    if ds is None:
+        return [skipped("R3", c, t, where) for c, _, _, t in specs]
     alpha = _alpha(ds).values
     mask = usable(ds, ok_statuses(ds)).values
     frac = ds["margin_frac"].values.astype(float)
@@ -98,7 +127,7 @@ def r3(ds: xr.Dataset) -> list[Row]:
             continue
         low = float(np.min(frac[sel]))
         rows.append(Row(crit, "R3", f"min {low:.4f} over {int(sel.sum())} runs", thr,
-                        bool(low >= bound - ACC_TOL), "", low))
+                        bool(low >= bound - ACC_TOL), where, low))
     return rows
 
 

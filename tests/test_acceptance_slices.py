@@ -1,0 +1,43 @@
+"""Verdicts judge the slice the spec means (issue 28 item 5): paper 002's R2 / R3 only on cells
+attacked along the margin direction (spec E11 expects random directions to be far larger or
+infinite), R1 counts nets once however many attacks read them, and a group with no margin-direction
+cell is not judged."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import xarray as xr
+
+from analysis import acceptance_002 as a2
+
+
+def _chain_group(attacks=("margin_direction", "random_direction")) -> xr.Dataset:
+    d, seeds = [25, 50], [0, 1, 2]
+    shape = (len(d), len(seeds), len(attacks))
+    c_star = np.where(np.array(attacks) == "margin_direction", 0.5, np.inf) * np.ones(shape)
+    full = lambda v, dt=float: (("d", "seed", "attack"), np.full(shape, v, dtype=dt))  # noqa: E731
+    ds = xr.Dataset({"done": full(True, bool), "failed": full(False, bool), "status": full(1, np.int8),
+                     "c_star": (("d", "seed", "attack"), c_star), "log10_loss": full(-31.0),
+                     "train_acc": full(1.0), "margin_frac": full(1.0), "m_used": full(5, np.int64)},
+                    coords={"d": d, "seed": seeds, "attack": list(attacks)})
+    ds["status"].attrs["ok_values"] = [1]
+    ds.attrs["kktlab_identity"] = json.dumps({"params": {"target_loss": 1e-30, "m": 0, "alpha": 0.5}})
+    return ds
+
+
+def test_r2_judges_the_margin_direction_cells_only():
+    row = a2.r2(_chain_group())
+    assert row.passed is True and "over 6 runs" in row.measured and "margin_direction cells only" in row.note
+
+
+def test_r1_counts_nets_not_nets_times_attacks():
+    row = a2.r1(_chain_group())
+    assert row.measured.startswith("6/6 runs"), row.measured
+
+
+def test_no_margin_direction_cell_is_not_judged():
+    row = a2.r2(_chain_group(attacks=("random_direction",)))
+    assert row.passed is None and row.note.startswith("not judged")
+    assert all(r.passed is None for r in a2.r3(_chain_group(attacks=("random_direction",))))
