@@ -41,3 +41,25 @@ def test_no_margin_direction_cell_is_not_judged():
     row = a2.r2(_chain_group(attacks=("random_direction",)))
     assert row.passed is None and row.note.startswith("not judged")
     assert all(r.passed is None for r in a2.r3(_chain_group(attacks=("random_direction",))))
+
+
+def _dmg_group(d_used: int, mu_a: float) -> xr.Dataset:
+    shape = (3, 2)
+    full = lambda v, dt=float: (("seed", "alpha"), np.full(shape, v, dtype=dt))  # noqa: E731
+    ds = xr.Dataset({"done": full(True, bool), "failed": full(False, bool), "feasible": full(1, np.int8),
+                     "test_acc_before": full(0.95), "test_acc_after": full(0.96), "sign_id_after": full(0.9),
+                     "d_used": full(d_used, np.int64)}, coords={"seed": [0, 1, 2], "alpha": [0.0, 1.0]})
+    ds.attrs["kktlab_identity"] = json.dumps({"params": {}, "from": "nets"})
+    ds.attrs["config"] = json.dumps({"stages": [{"name": "nets", "experiment": "train_kkt",
+                                                  "params": {"data": "d_mg", "mu_a": mu_a, "d": d_used}}]})
+    return ds
+
+
+def test_p001_10_is_judged_only_in_its_regime():
+    """Issue 28 item 6: a = 0.1 and d >= 2000, from the stored d_used and the train stage's mu_a."""
+    from analysis import acceptance_001 as a1
+
+    assert a1.p001_10(_dmg_group(2000, 0.1))[0].passed is True
+    for d, a in ((500, 0.1), (2000, 0.3)):
+        row = a1.p001_10(_dmg_group(d, a))[0]
+        assert row.passed is None and "not judged" in row.note, (d, a, row)
