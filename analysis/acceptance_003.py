@@ -93,7 +93,19 @@ def _fig7_row(ds: xr.Dataset) -> Row:
                None if math.isnan(eta) else 0.0225 <= eta <= 0.09, value=eta)
 
 
+PLATEAU_HIGH, PLATEAU_LOW = 0.9, 0.1  # E4/E5: RTA ≈ 1 at the smallest budget / radius end, ≈ 0 at the other
+
+
 def _pgd_rows(ds: xr.Dataset) -> list[Row]:
+    """E4 / E5 per (variant, data) slice, never pooled across data sets (issue 28 item 7); each with its
+    plateaus and E5's flatness in m, not only the constant (item 8)."""
+    rows = []
+    for base in slices(ds) or [{}]:
+        rows += _pgd_slice_rows(ds.sel(base) if base else ds, _tag(base))
+    return rows
+
+
+def _pgd_slice_rows(ds: xr.Dataset, tag: str) -> list[Row]:
     rows = []
     if "R" in ds.dims and ds.sizes["R"] > 1 and "d" in ds.dims and ds.sizes["d"] > 1:
         da = _mean(ds, "rta", ("d", "R")).transpose("d", "R")
@@ -102,12 +114,18 @@ def _pgd_rows(ds: xr.Dataset) -> list[Row]:
         s = free_slope(d, r50)
         ok = np.isfinite(r50)
         const = float(np.exp(np.mean(np.log(r50[ok] * np.sqrt(d[ok]))))) if ok.any() else float("nan")
-        rows.append(Row("R50(d) slope in d (Fig 4 left)", "E4", f"{s:+.3f} from {int(ok.sum())} d", "-0.5 ± 0.1",
+        rows.append(Row("R50(d) slope in d (Fig 4 left)" + tag, "E4", f"{s:+.3f} from {int(ok.sum())} d", "-0.5 ± 0.1",
                         None if math.isnan(s) else abs(s + 0.5) <= 0.1, value=s))
-        rows.append(Row("R50(d)·√d (the paper's 5)", "E4", f"{const:.2f}", "in [3, 8]",
+        rows.append(Row("R50(d)·√d (the paper's 5)" + tag, "E4", f"{const:.2f}", "in [3, 8]",
                         None if math.isnan(const) else 3 <= const <= 8, value=const))
+        lo, hi = float(da.isel(R=0).min()), float(da.isel(R=-1).max())
+        rows.append(Row("RTA plateaus: ≈ 1 at the smallest R, ≈ 0 at the largest, every d" + tag, "E4",
+                        f"min RTA {lo:.3f} at R = {float(da.R[0]):g}; max {hi:.3f} at R = {float(da.R[-1]):g}",
+                        f">= {PLATEAU_HIGH}; <= {PLATEAU_LOW}",
+                        None if math.isnan(lo + hi) else lo >= PLATEAU_HIGH and hi <= PLATEAU_LOW, value=lo - hi))
     else:
-        rows.append(skipped("E4", "R50(d) slope and constant", "-0.5 ± 0.1; 5 in [3, 8]", "needs a (d, R) grid"))
+        rows.append(skipped("E4", "R50(d) slope, constant and plateaus" + tag, "-0.5 ± 0.1; 5 in [3, 8]",
+                            "needs a (d, R) grid"))
     if "V" in ds.dims and ds.sizes["V"] > 1 and "m" in ds.dims:
         da = _mean(ds, "rta", ("m", "V")).transpose("m", "V")
         m = da["m"].values.astype(float)
@@ -115,11 +133,21 @@ def _pgd_rows(ds: xr.Dataset) -> list[Row]:
         c = v50 * np.sqrt(m)
         ok = np.isfinite(c)
         const = float(np.exp(np.mean(np.log(c[ok])))) if ok.any() else float("nan")
-        rows.append(Row("V50(m)·√m (the paper's 25; Fig 4 right)", "E5",
+        rows.append(Row("V50(m)·√m (the paper's 25; Fig 4 right)" + tag, "E5",
                         f"{const:.1f} (per m: {np.round(c, 1).tolist()})", "in [15, 40]",
                         None if math.isnan(const) else 15 <= const <= 40, value=const))
+        spread = float(c[ok].max() / c[ok].min()) if ok.sum() >= 2 else float("nan")
+        rows.append(Row("V50(m)·√m flat in m: every m in [15, 40]" + tag, "E5",
+                        f"per m in [{np.nanmin(c):.1f}, {np.nanmax(c):.1f}] (max/min {spread:.2f}), "
+                        f"{int(ok.sum())}/{len(m)} m with a crossing", "every m in [15, 40]",
+                        None if not ok.any() else bool(ok.all() and ((c >= 15) & (c <= 40)).all()), value=spread))
+        lo, hi = float(da.isel(V=0).max()), float(da.isel(V=-1).min())
+        rows.append(Row("RTA plateaus: ≈ 0 at the smallest V, ≈ 1 at the largest, every m" + tag, "E5",
+                        f"max RTA {lo:.3f} at V = {float(da.V[0]):g}; min {hi:.3f} at V = {float(da.V[-1]):g}",
+                        f"<= {PLATEAU_LOW}; >= {PLATEAU_HIGH}",
+                        None if math.isnan(lo + hi) else lo <= PLATEAU_LOW and hi >= PLATEAU_HIGH, value=hi - lo))
     else:
-        rows.append(skipped("E5", "V50(m)·√m", "in [15, 40]", "needs an (m, V) grid"))
+        rows.append(skipped("E5", "V50(m)·√m, flat in m, plateaus" + tag, "in [15, 40]", "needs an (m, V) grid"))
     return rows
 
 

@@ -63,3 +63,39 @@ def test_p001_10_is_judged_only_in_its_regime():
     for d, a in ((500, 0.1), (2000, 0.3)):
         row = a1.p001_10(_dmg_group(d, a))[0]
         assert row.passed is None and "not judged" in row.note, (d, a, row)
+
+
+def _pgd_group(rta) -> xr.Dataset:
+    ds = xr.Dataset({"rta": (tuple(rta.dims), rta.values), "done": (tuple(rta.dims), np.ones(rta.shape, bool))},
+                    coords=rta.coords)
+    ds["done"].attrs = {}
+    return ds
+
+
+def test_e4_is_judged_per_data_set_never_pooled():
+    """Issue 28 item 7: R50(d) ∝ d^-1/2 on one data set, ∝ d^-1 on the other: one row each."""
+    from analysis import acceptance_003 as a3
+
+    d, R = np.array([64.0, 256.0, 784.0]), np.linspace(0.01, 2.0, 200)
+    r50 = {"digits": 5 / np.sqrt(d), "mnist": 40 / d}
+    rta = xr.DataArray(np.stack([np.clip(0.5 + (r50[k][:, None] - R[None]) * 20, 0, 1) for k in r50]),
+                       dims=("data", "d", "R"), coords={"data": list(r50), "d": d, "R": R})
+    rows = [r for r in a3.acceptance(_pgd_group(rta)) if r.spec_id == "E4"]
+    slope = {r.criterion: r for r in rows if r.criterion.startswith("R50(d) slope")}
+    assert set(slope) == {"R50(d) slope in d (Fig 4 left) (digits)", "R50(d) slope in d (Fig 4 left) (mnist)"}
+    assert slope["R50(d) slope in d (Fig 4 left) (digits)"].passed is True
+    assert slope["R50(d) slope in d (Fig 4 left) (mnist)"].passed is False
+    assert all(r.passed for r in rows if r.criterion.startswith("RTA plateaus"))
+
+
+def test_e5_needs_every_m_in_range_not_only_the_mean():
+    """Issue 28 item 8: V50·√m from 8.7 to 87 across m has a geometric mean in [15, 40] but is not flat."""
+    from analysis import acceptance_003 as a3
+
+    m, V = np.array([100.0, 1000.0, 10000.0]), np.linspace(0.01, 10.0, 2000)
+    c = np.array([8.7, 25.0, 87.0])
+    v50 = c / np.sqrt(m)
+    rta = xr.DataArray(np.clip(0.5 + (V[None] - v50[:, None]) * 50, 0, 1), dims=("m", "V"), coords={"m": m, "V": V})
+    rows = {r.criterion: r for r in a3.acceptance(_pgd_group(rta)) if r.spec_id == "E5"}
+    assert rows["V50(m)·√m (the paper's 25; Fig 4 right)"].passed is True  # the mean alone passes ...
+    assert rows["V50(m)·√m flat in m: every m in [15, 40]"].passed is False  # ... the shape does not
