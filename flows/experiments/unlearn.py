@@ -177,7 +177,7 @@ EXPERIMENT = register(Experiment(
     params=P, variables=V, run_bundle=run_bundle, bundle_key=bundle_key, reads="nets", inherits=INHERITS,
     produces=("nets",), nets=contract, needs=needs,
     cost=lambda c: 1.0 + (c.get("retrain_epochs", 10**5) if c["method"] == "retrain" or c["ref_retrain"] else 0),
-    summary=("m_used", "eps", "delta", "eps_rel", "eps1", "tau_fixed", "cos_svm", "preconditions_met"),
+    summary=("m_used", "eps", "eps_mean", "delta", "eps_rel", "eps1", "tau_fixed", "cos_svm", "preconditions_met"),
     spec_ids=("F001-1", "F001-2", "F001-3", "F001-4", "F001-5", "F001-6", "P001-4", "P001-5", "P001-6", "P001-7",
               "P001-8", "P001-10"),
 ))
