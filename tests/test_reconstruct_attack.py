@@ -1,8 +1,14 @@
-"""Paper 004 at the spec's CI size (n = 50 on S^63, width 100, float64 full-batch GD to loss 1e-7):
-the training trajectory's ε*/‖θ‖ and split budget (P004-10, P004-11, P004-12) and the attack with no
-prior over init radii (P004-13, P004-14, P004-15): every radius reaches the same objective plateau
-(far below ‖θ‖²), the score grows as r moves away from the data, and no candidate recovers a
-training point (the paper's "no prior, no leakage")."""
+"""Paper 004 at CI size, through the ``reconstruct`` cell (tasks/cells/reconstruct.py, no Prefect):
+
+- a known positive: n = 2 points on S^63 (one per class), width 100, trained to loss 1e-12, near a KKT
+  point (ε*/‖θ‖ with σ' ∈ [0, 1] at the kinks 0.006; 0.37 with the spec's step derivative, all of it at
+  the kinks); the attack at the spec's defaults (α = 300, λ_min penalty on) recovers both points (a
+  candidate within 0.3, spec §2.5) from inits at r = 0.1, and none from r = 1 or 10, where it ends on
+  KKT sets as good as the recovered ones (the shape of F004-1, P004-14);
+- the spec's CI size (n = 50, loss 1e-7, ε*/‖θ‖ 0.088): the training trajectory (P004-10, P004-11,
+  P004-12) and the SAME attack, which reaches candidate sets with an exact-step residual below the
+  training set's and recovers no training point at any radius (the paper's "no prior, no leakage"),
+  with P004-13 and P004-15 judged at the spec's gates."""
 
 from __future__ import annotations
 
@@ -12,6 +18,7 @@ import pytest
 import torch
 
 from tasks import train
+from tasks.cells import reconstruct as cell_fn
 from tasks.cells.nonrobust import build, schedule
 from tasks.reconstruct import attack as atk
 from tasks.reconstruct import bounds, constructions as C, score as S
@@ -22,6 +29,10 @@ CELL = dict(d=64, m=50, alpha=1.0, width=100, seed=0, data="unit_sphere", labels
             loss="logistic", lr0=0.01, lr_factor=1.1, lr_period=100, lr_period_fast=0, target_loss=1e-7,
             max_iters=100000, batch_size=5000)
 RADII, RESTARTS = [0.1, 1.0, 10.0], 2
+# the known positive (configs/quickstart-reconstruct.yaml, stage "nets"): one point per class
+POS = dict(CELL, m=2, lr0=0.05, lr_factor=1.2, lr_period=50, target_loss=1e-12, max_iters=20000)
+# one attack setting for both cases (the quickstart's; lambda_min penalty on at its default 0.01)
+ATTACK = dict(n_candidates=10, steps=3000, lr_x=5e-5, lr_lam=5e-3)  # alpha: the default 300
 
 
 def spearman(a, b) -> float:
@@ -51,7 +62,7 @@ def trajectory():
             s = 1 / math.sqrt(p)
             e1, lam1 = bounds.eps_star(W * s, b * s, v * s, X[0], y[0])
             nu, _ = C.svd_direction(X[0])
-            row[2:] = [float(bounds.b8(W * s, b * s, v * s, X[0], lam1, nu, e1).median()), float(e1)]
+            row[2:] = [float(S.median(bounds.b8(W * s, b * s, v * s, X[0], lam1, nu, e1))), float(e1)]
         rows.append(tuple(row))
         if int(st.status[0]) != train.RUNNING:
             break
@@ -89,45 +100,147 @@ def test_P004_12_split_budget_grows_as_eps_falls(trajectory):
     assert spearman([r[3] for r in rows], [r[2] for r in rows]) < -0.8
 
 
+def attack_rows(st, X, y, mask, rows: list[tuple[int, dict]]) -> list[dict]:
+    """The ``reconstruct`` cell on rows (net index, cell parameters over the experiment's defaults)."""
+    from flows.experiments import reconstruct as rexp
+
+    base = {k: p.default for k, p in rexp.P.items()}
+    idx = [e for e, _ in rows]
+    E, d, m, k = len(rows), X.shape[2], X.shape[1], st.net.W.shape[1]
+    n = lambda val: torch.full((E,), val, dtype=torch.int64)  # noqa: E731
+    return cell_fn.run(st.net.W[idx], st.net.b[idx], st.net.v[idx], X[idx], y[idx], mask[idx], n(d), n(m), n(k),
+                       [base | c for _, c in rows])
+
+
+def kink_relaxed_eps(W, b, v, X, y, tol: float = 1e-3):
+    """ε/‖θ‖ of θ against (X, y) with the ReLU derivative free in [0, 1] where |z_ij| ≤ tol ‖(w_j, b_j)‖
+    (the Clarke subdifferential at a kink; elsewhere the step), an independent scipy computation on the
+    explicit Jacobian: min over λ ≥ 0, μ ≥ 0 of
+    ‖θ − Σ_i λ_i y_i ∇Φ_step(x_i) − Σ_kinks μ_ij y_i v_j (x_i, 1)_j‖, and the implied
+    σ'_ij = μ_ij / λ_i (a valid certificate needs them in [0, 1])."""
+    import numpy as np
+    from scipy.optimize import lsq_linear
+
+    W, b, v, X, y = (t.numpy() for t in (W, b, v, X, y))
+    k, d = W.shape
+    Z = X @ W.T + b
+    kink = np.abs(Z) <= tol * np.sqrt((W ** 2).sum(1) + b ** 2)[None, :]
+    act = (Z > 0) & ~kink
+    cols = [np.concatenate([((v * a)[:, None] * x[None, :] * t).ravel(), v * a * t, np.maximum(z, 0) * t])
+            for x, t, a, z in zip(X, y, act, Z)]
+    pairs = np.argwhere(kink)
+    for i, j in pairs:
+        gW, gb = np.zeros((k, d)), np.zeros(k)
+        gW[j], gb[j] = v[j] * X[i] * y[i], v[j] * y[i]
+        cols.append(np.concatenate([gW.ravel(), gb, np.zeros(k)]))
+    J, theta = np.stack(cols, 1), np.concatenate([W.ravel(), b, v])
+    sol = lsq_linear(J, theta, bounds=(0, np.inf)).x
+    lam, mu = sol[: len(X)], sol[len(X):]
+    sigma = mu / np.maximum(lam[pairs[:, 0]], 1e-300)
+    return float(np.linalg.norm(theta - J @ sol) / np.linalg.norm(theta)), sigma, len(pairs)
+
+
+def train_positive(seeds):
+    cells = [dict(POS, seed=s) for s in seeds]
+    net, X, y, mask, _ = build(cells)
+    return train.train(net, X, y, schedule(cells[0]), mask=mask), X, y, mask
+
+
+@pytest.fixture(scope="module")
+def positive():
+    """The known positive at its cheapest: one net, r = 0.1 and r = 10, two restarts each."""
+    st, X, y, mask = train_positive([0])
+    rows = [(0, dict(ATTACK, seed=0, radius=r, restart=k)) for r in (0.1, 10.0) for k in range(2)]
+    return st, X, y, mask, rows, attack_rows(st, X, y, mask, rows)
+
+
+def test_P004_known_positive_net_is_near_a_kkt_point_up_to_its_kinks(positive):
+    """Loss 1e-12; ε*/‖θ‖ with the spec's step derivative (σ'(0) := 0) is 0.37, all of it at the kinks:
+    with σ' ∈ [0, 1] on the (point, neuron) pairs at |z| ≤ 1e-3 ‖(w_j, b_j)‖ (the other class's point
+    sits on the kink of every neuron of a class) it is 0.006 (scipy on the explicit Jacobian)."""
+    st, X, y, _, _, out = positive
+    assert int(st.status[0]) == train.CONVERGED and float(st.log_loss[0]) <= math.log(1e-12)
+    step_eps = out[0]["train_eps"]
+    relaxed, sigma, n_kinks = kink_relaxed_eps(st.net.W[0], st.net.b[0], st.net.v[0], X[0], y[0])
+    assert n_kinks >= 20 and float(sigma.min()) >= 0 and float(sigma.max()) <= 1  # a valid certificate
+    assert relaxed <= 0.01 and 0.3 <= step_eps <= 0.45, (relaxed, step_eps)
+
+
+def test_P004_14_known_positive_recovers_both_points_from_near_inits_and_none_from_far(positive):
+    """Every restart from r = 0.1 brings a candidate within 0.3 of each of the two training points (its
+    init candidates are ~1 from both: a test that fails if the candidates never move); from r = 10
+    none comes within 0.3, and the far candidates stay ~9 away."""
+    *_, rows, out = positive
+    near = [o for (_, c), o in zip(rows, out) if c["radius"] == 0.1]
+    far = [o for (_, c), o in zip(rows, out) if c["radius"] == 10.0]
+    assert all(o["status"] == atk.DONE for o in out)
+    assert [o["n_recovered"] for o in near] == [2, 2] and max(float(o["point_dist"].max()) for o in near) <= 0.3
+    assert min(o["score5_init"] for o in near) >= 0.9  # the init recovers nothing
+    assert [o["n_recovered"] for o in far] == [0, 0] and min(float(o["point_dist"].min()) for o in far) >= 5
+
+
+@pytest.mark.slow
+def test_P004_14_known_positive_score_shape_over_radii_and_nets():
+    """Two nets × r ∈ {0.1, 0.5, 1, 10} × 2 restarts (the quickstart's first chain): both points recovered
+    in every restart from r = 0.1, fewer from r = 0.5, none from r = 1 and 10; the median score (mean of
+    the 5 best) grows with r. From r = 1 the candidates end on a KKT set (exact-step residual 0.006 ‖θ‖,
+    the net's own kink-relaxed level, and the same objective as the recovered sets) 0.5-1.0 from the
+    data: the paper's non-uniqueness. Measured: r = 0.1 → 2 in all 4 rows, r = 0.5, 1, 10 → 0; median
+    score 0.51, 0.64, 0.94, 9.6."""
+    st, X, y, mask = train_positive([0, 1])
+    radii = [0.1, 0.5, 1.0, 10.0]
+    rows = [(e, dict(ATTACK, seed=s, radius=r, restart=k)) for e, s in enumerate([0, 1]) for r in radii
+            for k in range(2)]
+    out = attack_rows(st, X, y, mask, rows)
+    rec = {r: [o["n_recovered"] for (_, c), o in zip(rows, out) if c["radius"] == r] for r in radii}
+    score = {r: float(S.median(torch.tensor([o["score5"] for (_, c), o in zip(rows, out) if c["radius"] == r])))
+             for r in radii}
+    assert rec[0.1] == [2] * 4 and sum(rec[0.5]) < sum(rec[0.1]) and rec[1.0] == rec[10.0] == [0] * 4, rec
+    assert score[0.1] < score[0.5] < score[1.0] < score[10.0], score
+    far_kkt = [o for (_, c), o in zip(rows, out) if c["radius"] == 1.0]
+    assert max(o["residual_exact_rel"] for o in far_kkt) <= 0.01 < min(float(o["point_dist"].min()) for o in far_kkt)
+
+
 @pytest.fixture(scope="module")
 def attacked(trajectory):
+    """The n = 50 net under the known positive's attack (l = 100 candidates)."""
     st, X, y, mask, _ = trajectory
-    B, l = len(RADII) * RESTARTS, 100
-    radius = [r for r in RADII for _ in range(RESTARTS)]
-    gens = [torch.Generator().manual_seed(i) for i in range(B)]
-    x0, lam0 = atk.init_candidates("sphere", l, [64] * B, 64, radius, gens)
-    t = lambda val: torch.full((B,), val, dtype=torch.float64)  # noqa: E731
-    net = [z.expand(B, *z.shape[1:]) for z in (st.net.W, st.net.b, st.net.v)]
-    res = atk.optimise(*net, x0, lam0, atk.candidate_labels(l).expand(B, l), lr_x=t(1e-3), lr_lam=t(0.05),
-                       alpha=t(300.0), lam_min=t(0.0), steps=600)
-    sc = S.score_all(res.x, res.lam, X.expand(B, -1, -1), mask.expand(B, -1), torch.ones(B, 64, dtype=torch.float64),
-                     t(0.0), 0.3)
-    return res, sc, float(st.net.sq_norm()[0]), torch.tensor(radius)
+    rows = [(0, dict(ATTACK, n_candidates=100, seed=0, radius=r, restart=k)) for r in RADII for k in range(RESTARTS)]
+    out = attack_rows(st, X, y, mask, rows)
+    return out, float(st.net.sq_norm()[0]), [c["radius"] for _, c in rows]
 
 
 @pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="P004-13 not met at CI size (3000 steps): max/min objective 16.7 over "
+                   "r <= 1, 22.2 with r = 10, README departures")
 def test_P004_13_every_radius_reaches_the_same_plateau(attacked):
-    """At CI size the plateau is ~1e-5 ‖θ‖² (the paper's 330-332 is not reproducible without its
-    normalisation); the spec's max/min ≤ 1.01 is not met at 600 steps: gate ≤ 2 (measured ≈ 1.5)."""
-    res, _, theta2, _ = attacked
-    assert bool((res.status == atk.DONE).all())
-    assert float(res.objective.max()) <= 1e-3 * theta2 <= 1e-2 * float(res.trace[:, 0].min())
-    assert float(res.objective.max() / res.objective.min()) <= 2.0
+    """Spec gate: max/min of the final objective over radii and restarts ≤ 1.01."""
+    out, _, _ = attacked
+    obj = torch.tensor([o["objective"] for o in out])
+    assert all(o["status"] == atk.DONE for o in out)
+    assert float(obj.max() / obj.min()) <= 1.01
 
 
 @pytest.mark.slow
-def test_P004_14_score_grows_away_from_the_data_and_nothing_is_recovered(attacked):
-    _, sc, _, radius = attacked
-    s = {r: float(sc.score5[radius == r].median()) for r in RADII}
+def test_P004_14_n50_no_training_point_recovered_although_the_attack_finds_kkt_sets(attacked):
+    """No prior, no leakage, now with a known positive beside it: from r ≤ 1 the candidates reach an
+    exact-step residual below the training set's own ε*/‖θ‖ (so they moved: the init's is ~1), yet
+    none comes within 0.3 of a training point at any radius; the median score is smallest at r ≤ 1
+    and at r = 10 ≥ 2× that and ≥ 0.9."""
+    out, _, radius = attacked
+    near = [o for o, r in zip(out, radius) if r <= 1.0]
+    assert max(o["residual_exact_rel"] for o in near) < min(o["train_eps"] for o in near) <= 0.1
+    assert max(o["n_recovered"] for o in out) == 0
+    s = {r: float(S.median(torch.tensor([o["score5"] for o, q in zip(out, radius) if q == r]))) for r in RADII}
     assert s[10.0] >= 2 * min(s.values()) and s[10.0] >= 0.9
     assert min(s.values()) in (s[0.1], s[1.0])
-    assert int(sc.n_recovered.max()) == 0  # no candidate within 0.3 of a training point: no prior, no leakage
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="P004-15 not observed at CI size (600 steps): score std 0.0067 vs objective "
-                   "relative std 0.068 (the plateau is not flat yet, P004-13), README departures")
+@pytest.mark.xfail(strict=True, reason="P004-15 not observed at CI size: at r = 1 the score std is 0.0070 vs "
+                   "10x the objective's relative std 1.47 (README departures)")
 def test_P004_15_scores_differ_across_restarts_although_objectives_agree(attacked):
-    res, sc, _, radius = attacked
-    r = radius == 1.0
-    assert float(sc.score5[r].std()) >= 10 * float(res.objective[r].std() / res.objective[r].mean())
+    out, _, radius = attacked
+    sel = [o for o, r in zip(out, radius) if r == 1.0]
+    sc, ob = torch.tensor([o["score5"] for o in sel]), torch.tensor([o["objective"] for o in sel])
+    assert float(sc.std()) >= 10 * float(ob.std() / ob.mean())

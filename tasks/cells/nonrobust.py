@@ -100,6 +100,13 @@ def _kkt_per_cell(net, X, y, mask, cells) -> list[kkt.KKTFit | None]:
     return out
 
 
+def _median(t: torch.Tensor) -> torch.Tensor:
+    """The usual (midpoint) median of a non-empty 1-d tensor: the mean of the two middle values for an
+    even count (numpy's; torch's ``median`` is the lower one)."""
+    s = t.flatten().sort().values
+    return 0.5 * (s[(s.numel() - 1) // 2] + s[s.numel() // 2])
+
+
 def analyse(net: nets.TwoLayer, X, y, mask, cells: list[dict], gens) -> list[dict]:
     """Every measure of paper 002 on a trained float64 stack: margins and margin sets (Sec. 6,
     A13/A14), the universal direction and exact c* (§2.9), KKT residuals (§2.11), Theorem 4.1's
@@ -133,9 +140,9 @@ def analyse(net: nets.TwoLayer, X, y, mask, cells: list[dict], gens) -> list[dic
             "margin_frac": float(I[e].sum()) / m, "n_off_margin": int(m - I[e].sum()),
             "margin_frac_tight": float(I_tight[e].sum()) / m,
             "c_star": float(flip.c_star[e]), "c_star_rel": float(flip.c_star[e]) / math.sqrt(d),
-            "c_star_rel_norm": float(flip.c_star[e] / norms.median()),
+            "c_star_rel_norm": float(flip.c_star[e] / _median(norms)),
             "simultaneous": int(flip.simultaneous_at_c0[e]), "frac_all_flipped": float(flipped[e]),
-            "r_median": float(r_i.median()) if len(r_i) else math.nan,
+            "r_median": float(_median(r_i)) if len(r_i) else math.nan,
             "r_min": float(r_i.min()) if len(r_i) else math.nan,
             "kkt_eps": float(fit.eps) if fit else math.nan,
             "kkt_eps_proj": float(fit.eps_proj) if fit else math.nan,

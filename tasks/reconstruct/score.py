@@ -3,9 +3,10 @@
 Per candidate: the L2 distance to its nearest training point and that point's index, the best
 normalised cross-correlation (NCC) with any training point. Per run: the mean of the 5 (and 10)
 smallest distances (paper: "average distance of the 5 best reconstructions"), the duplicate-free
-5-best (each training point counted once, with its closest candidate among those that chose it),
-the number of distinct training points with a candidate within ρ, and the 5-best over the active
-candidates only (λ_i ≥ λ_min/10). All batched over a leading axis B.
+5-best (spec X004-8's greedy one-to-one matching: the closest (candidate, training point) pair of all,
+then the closest pair among the candidates and points not yet matched, five times), the number of
+distinct training points with a candidate within ρ, and the 5-best over the active candidates only
+(λ_i ≥ λ_min/10). All batched over a leading axis B.
 SSIM (Haim et al.'s image metric) is torchmetrics' (Wang et al. 2004, 11×11 Gaussian window).
 """
 
@@ -40,12 +41,54 @@ def ncc(Xc: torch.Tensor, X: torch.Tensor, mask: torch.Tensor, feature_mask: tor
     return C.amax(2)
 
 
+def median(t: torch.Tensor) -> torch.Tensor:
+    """The usual (midpoint) median of a 1-d tensor: the mean of the two middle values for an even
+    count, as numpy's and xarray's (torch's ``median`` is the lower one); NaN when empty."""
+    if t.numel() == 0:
+        return torch.tensor(math.nan, dtype=t.dtype, device=t.device)
+    s = t.flatten().sort().values
+    n = s.numel()
+    return 0.5 * (s[(n - 1) // 2] + s[n // 2])
+
+
 def best_k(dist: torch.Tensor, k: int, valid: torch.Tensor | None = None) -> torch.Tensor:
     """Mean of the k smallest entries of dist (B,l) among ``valid`` ones (NaN if fewer than k), (B,)."""
     d = dist if valid is None else dist.masked_fill(~valid, math.inf)
     top = d.topk(min(k, d.shape[1]), dim=1, largest=False).values
     out = top.mean(1)
     return torch.where(torch.isfinite(out) & (top.shape[1] == k), out, torch.full_like(out, math.nan))
+
+
+def greedy_match(D: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Greedy one-to-one matching (spec X004-8) of candidates to training points on the distances
+    D (B,l,n) (inf where a pair may not be matched, e.g. padding): k times, the smallest remaining
+    distance of any pair, then its candidate and its point leave. Ties go to the lowest flat index
+    (candidate-major). Returns the matched distances (B,k) in increasing order (inf once no finite
+    pair is left), the candidates (B,k) and the points (B,k) (int64)."""
+    B, l, n = D.shape
+    k = min(k, l, n)
+    free = D.clone()
+    rows = torch.arange(B, device=D.device)
+    dist = torch.empty(B, k, dtype=D.dtype, device=D.device)
+    cand = torch.empty(B, k, dtype=torch.int64, device=D.device)
+    point = torch.empty(B, k, dtype=torch.int64, device=D.device)
+    for t in range(k):
+        val, flat = free.flatten(1).min(1)
+        c, p = flat // n, flat % n
+        dist[:, t], cand[:, t], point[:, t] = val, c, p
+        free[rows, c, :] = math.inf
+        free[rows, :, p] = math.inf
+    return dist, cand, point
+
+
+def best_k_unique(D: torch.Tensor, k: int) -> torch.Tensor:
+    """Duplicate-free k-best (spec X004-8): the mean of the k distances of the greedy one-to-one
+    matching of candidates to training points (:func:`greedy_match`), D (B,l,n); NaN where fewer than
+    k pairs can be matched. (B,)"""
+    dist = greedy_match(D, k)[0]
+    out = dist.mean(1)
+    ok = torch.isfinite(out) & (dist.shape[1] == k)
+    return torch.where(ok, out, torch.full_like(out, math.nan))
 
 
 @dataclasses.dataclass
@@ -55,7 +98,7 @@ class Scores:
     ncc: torch.Tensor  # (B,l) best NCC with any training point
     score5: torch.Tensor  # (B,) mean of the 5 smallest dist
     score10: torch.Tensor  # (B,)
-    score5_unique: torch.Tensor  # (B,) duplicate-free 5-best (X004-8)
+    score5_unique: torch.Tensor  # (B,) duplicate-free 5-best: greedy one-to-one matching (X004-8)
     score5_active: torch.Tensor  # (B,) 5-best over candidates with λ ≥ λ_min/10 (X004-8)
     n_recovered: torch.Tensor  # (B,) int64 distinct training points with a candidate within ρ
 
@@ -63,12 +106,10 @@ class Scores:
 def score_all(Xc, lam, X, mask, feature_mask, lam_min, rho: float) -> Scores:
     """Every score of spec §2.5 / X004-8 for a stack of candidate sets (see module doc)."""
     D, dmin, idx = nearest(Xc, X, mask)
-    per_point = torch.full(X.shape[:2], math.inf, dtype=Xc.dtype, device=Xc.device)
-    per_point = per_point.scatter_reduce(1, idx, dmin, reduce="amin")  # each point's closest chooser
     recovered = (D.amin(1) <= rho) & mask
     active = lam >= (lam_min / 10).unsqueeze(1)
     return Scores(dist=dmin, nearest=idx, ncc=ncc(Xc, X, mask, feature_mask), score5=best_k(dmin, 5),
-                  score10=best_k(dmin, 10), score5_unique=best_k(per_point, 5),
+                  score10=best_k(dmin, 10), score5_unique=best_k_unique(D, 5),
                   score5_active=best_k(dmin, 5, active), n_recovered=recovered.sum(1))
 
 
