@@ -3,7 +3,6 @@ Zarr store: issue 29 item 7)."""
 
 from __future__ import annotations
 
-import json
 import pathlib
 
 from core.errors import StoreError
@@ -44,10 +43,7 @@ def check_kktlab_store(path: str | pathlib.Path) -> None:
 
 
 def _json_doc(meta: pathlib.Path, store: pathlib.Path) -> dict:
-    try:
-        doc = json.loads(meta.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise StoreError(f"store {store}: {meta} is unreadable ({type(err).__name__}); use another --store") from None
-    if not isinstance(doc, dict):
-        raise StoreError(f"store {store}: {meta} is not a JSON object; use another --store")
-    return doc
+    """The JSON object in ``meta``; one line naming the store when it is unreadable."""
+    from storage.verify import _read_json
+
+    return _read_json(meta, f"store {store} (use another --store)")

@@ -51,13 +51,32 @@ def _run_cli(*args, env=None, timeout=600, **kw) -> subprocess.CompletedProcess:
                           text=True, timeout=timeout, **kw)
 
 
+def _run_killed(config, store, until, env=None, timeout: float = 300) -> None:
+    """``kktlab run CONFIG --store STORE`` in its own process group, SIGKILLed (the whole group: the
+    embedded server and the Dask workers too) as soon as ``until(store)`` holds, or after ``timeout`` s."""
+    import signal
+    import time
+
+    proc = subprocess.Popen([*KKTLAB, "run", str(config), "--store", str(store)], cwd=ROOT,
+                            env=dict(os.environ, **(env or {})), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and proc.poll() is None and not until(store):
+            time.sleep(0.02)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 @pytest.fixture(scope="session")
 def cli():
     """The kktlab command line as tests use it: ``cli.run(*args, env=, timeout=)`` runs it to the
-    end; ``cli.argv`` and ``cli.root`` start it by hand (``subprocess.Popen([*cli.argv, ...], cwd=cli.root)``)."""
+    end; ``cli.run_killed(config, store, until, env=)`` kill -9s a run at a moment; ``cli.argv`` and
+    ``cli.root`` start it by hand (``subprocess.Popen([*cli.argv, ...], cwd=cli.root)``)."""
     import types
 
-    return types.SimpleNamespace(run=_run_cli, argv=list(KKTLAB), root=ROOT)
+    return types.SimpleNamespace(run=_run_cli, run_killed=_run_killed, argv=list(KKTLAB), root=ROOT)
 
 
 @pytest.fixture(scope="session")

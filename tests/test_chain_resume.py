@@ -128,17 +128,8 @@ def test_chain_killed_then_resumed_equals_a_clean_run(prefect_server, cli, tmp_p
     path = tmp_path / "chain.yaml"
     path.write_text(yaml.safe_dump(chain("resume", workers=1)))
     store = tmp_path / "killed.zarr"
-    env = dict(os.environ, PREFECT_HOME=str(tmp_path / "home-a"))
-    proc = subprocess.Popen([*cli.argv, "run", str(path), "--store", str(store)], cwd=cli.root, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and proc.poll() is None and not MOMENTS[moment](store):
-            time.sleep(0.02)
-        at_kill = {g: _done(store, g) for g in TOTAL}
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    cli.run_killed(path, store, MOMENTS[moment], env={"PREFECT_HOME": str(tmp_path / "home-a")})
+    at_kill = {g: _done(store, g) for g in TOTAL}
     assert MOMENTS[moment](store) and at_kill["robustness"] < TOTAL["robustness"], at_kill
     stats = _run(cli, path, store, tmp_path, "resumed", env={"PREFECT_HOME": str(tmp_path / "home-b")})
     for group, total in TOTAL.items():

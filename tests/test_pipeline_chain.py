@@ -165,23 +165,10 @@ def _values(store) -> dict:
 def test_killed_during_a_stage_then_resumed_equals_a_clean_run(ran, cli, tmp_path, moment):
     """kill -9 of the runner's process group while unlearning or while the readers run; the rerun
     writes each missing cell once and every stage equals the clean run (``ran``)."""
-    import os
-    import signal
-    import subprocess
-    import time
-
     store = tmp_path / "killed.zarr"
-    env = dict(os.environ, PREFECT_HOME=str(tmp_path / "home-a"))
-    proc = subprocess.Popen([*cli.argv, "run", str(ran / "chain.yaml"), "--store", str(store)], cwd=cli.root, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline and proc.poll() is None and not MOMENTS[moment](store):
-            time.sleep(0.02)
-        at_kill = {g: _done(store, g) for g in TOTAL}
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    cli.run_killed(ran / "chain.yaml", store, MOMENTS[moment], env={"PREFECT_HOME": str(tmp_path / "home-a")},
+                   timeout=600)
+    at_kill = {g: _done(store, g) for g in TOTAL}
     assert MOMENTS[moment](store), at_kill
     res = cli.run("run", ran / "chain.yaml", "--store", store, "--json", tmp_path / "stats.json",
                   env={"PREFECT_HOME": str(tmp_path / "home-b")}, timeout=900)
