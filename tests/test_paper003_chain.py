@@ -167,14 +167,14 @@ def test_E4_E5_acceptance_recovers_planted_boundaries():
     R = np.round(np.arange(0.05, 1.0001, 0.05), 2)
     d = np.array([k * k for k in range(5, 29)])
     e4 = _synthetic_pgd({"d": d, "R": R, "seed": [0, 1]}, lambda d, R, s: (R < 5 / np.sqrt(d)).astype(float))
-    slope, const = [r for r in acceptance_003.acceptance(e4) if r.spec_id == "E4"]
+    slope, const, plateaus = [r for r in acceptance_003.acceptance(e4) if r.spec_id == "E4"]
     assert slope.passed and abs(slope.value + 0.5) < 0.1
-    assert const.passed and 4.0 < const.value < 6.0
+    assert const.passed and 4.0 < const.value < 6.0 and plateaus.passed
     V = np.round(np.arange(0.05, 1.0001, 0.05), 2)
     m = np.array([1000, 2000, 5000, 10000])
     e5 = _synthetic_pgd({"m": m, "V": V, "seed": [0]}, lambda m, V, s: (V > 25 / np.sqrt(m)).astype(float))
-    row = [r for r in acceptance_003.acceptance(e5) if r.spec_id == "E5"][0]
-    assert row.passed and 20 < row.value < 30
+    row, flat, plateaus = [r for r in acceptance_003.acceptance(e5) if r.spec_id == "E5"]
+    assert row.passed and 20 < row.value < 30 and flat.passed and plateaus.passed
 
 
 @pytest.mark.slow
