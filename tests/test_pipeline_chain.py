@@ -21,7 +21,9 @@ from storage.query import open_results
 pytestmark = [pytest.mark.requires_services, pytest.mark.slow]
 
 SEEDS = [0, 1]
-RAW = {"name": "pipeline-test", "runner": {"workers": 2, "bundle_size": 8}, "stages": [
+# bundle_size 1: a resumed run bundles its missing cells as the clean run did (one each), so the kill tests compare
+# bit-identical numbers; unlearn / reconstruct numbers across other bundlings agree only to round-off (issue 29 item 2)
+RAW = {"name": "pipeline-test", "runner": {"workers": 2, "bundle_size": 1}, "stages": [
     {"name": "nets", "experiment": "train_kkt", "grid": {"seed": SEEDS},
      "params": {"d": 10, "m": 4, "width": 8, "epochs": 3000, "lr": 1.0, "wd": 0.0, "init_scale": 1.0e-3}},
     {"name": "gone", "experiment": "unlearn", "from": "nets", "grid": {"method": ["identity", "ga"], "alpha": [1.0]},
