@@ -60,6 +60,36 @@ def quiet_logs(verbose: bool = False) -> None:
     logging.getLogger("distributed.http.proxy").setLevel(logging.INFO if verbose else logging.ERROR)
 
 
+WATCHDOG = """
+import os, signal, sys, time
+parent, server = int(sys.argv[1]), int(sys.argv[2])
+while True:
+    time.sleep(1)
+    try:
+        os.kill(server, 0)
+    except OSError:
+        break  # the server stopped: nothing to watch
+    if os.getppid() != parent:  # the run died without stopping its server (kill -9): stop it
+        os.kill(server, signal.SIGTERM)
+        time.sleep(5)
+        try:
+            os.kill(server, signal.SIGKILL)
+        except OSError:
+            pass
+        break
+"""
+
+
+def watch_parent(server_pid: int) -> None:
+    """A watchdog process that stops the embedded server ``server_pid`` when this process dies
+    without stopping it (kill -9 of the run alone: issue 29 item 9); it exits with the server."""
+    import subprocess
+    import sys
+
+    subprocess.Popen([sys.executable, "-c", WATCHDOG, str(os.getpid()), str(server_pid)],
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 @contextlib.contextmanager
 def prefect_api():
     """Use $PREFECT_API_URL or the active profile's URL if set (a real server,
@@ -76,6 +106,8 @@ def prefect_api():
 
     server = SubprocessASGIServer()
     server.start(timeout=int(os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"]))
+    if server.server_process is not None:
+        watch_parent(server.server_process.pid)
     os.environ["PREFECT_API_URL"] = server.api_url
     try:
         with temporary_settings(updates={PREFECT_API_URL: server.api_url}):

@@ -1,0 +1,36 @@
+"""kill -9 of the `kktlab run` process alone never leaves its embedded Prefect server listening
+(issue 29 item 9): a watchdog started with the server stops it when the run dies."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+import psutil
+import pytest
+
+pytestmark = [pytest.mark.requires_services, pytest.mark.slow]
+
+
+def test_embedded_server_dies_with_a_killed_run(cli, tmp_path, monkeypatch):
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}  # an embedded server of its own
+    env["PREFECT_HOME"] = str(tmp_path / "home")
+    proc = subprocess.Popen([*cli.argv, "run", str(cli.root / "configs" / "pipeline-small.yaml"), "--store",
+                             str(tmp_path / "s.zarr")], cwd=cli.root, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    server = watchdog = None
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and watchdog is None and proc.poll() is None:
+            kids = psutil.Process(proc.pid).children(recursive=True)
+            server = next((k for k in kids if "uvicorn" in " ".join(k.cmdline())), None)
+            watchdog = next((k for k in kids if "getppid" in " ".join(k.cmdline())), None)  # once the server is up
+            time.sleep(0.2)
+        assert server is not None and watchdog is not None, "no embedded server (and watchdog) started"
+    finally:
+        proc.kill()  # kill -9 of the run alone, not its process group
+        proc.wait()
+    gone, _ = psutil.wait_procs([server], timeout=20)
+    assert gone, f"the embedded server (pid {server.pid}) outlived its run"
