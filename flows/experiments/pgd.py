@@ -16,7 +16,7 @@ import torch
 from core.declare import NetsNeeds
 from core.errors import UserError
 from flows.experiments import Experiment, Param, Var, register, timed
-from flows.experiments.single_step import attacked_points
+from flows.experiments.single_step import attacked_points, extra_dims
 from flows.bundles import memory_budget
 from tasks.attacks import chunk_for
 from tasks.cells import pgd as cell_fn
@@ -86,9 +86,6 @@ def needs(cell: dict) -> NetsNeeds:
     return NetsNeeds(arrays=frozenset(arrays), why="points: test reads a test set; budget: train the training "
                      "budget R_train of adv_train (else budget: given and R)")
 
-
-def extra_dims(cells: list[dict]) -> dict:
-    return {"point": sorted({"test_sample" if c["points"] == "test" else "sample" for c in cells})}
 
 
 def bundle_key(cell: dict) -> tuple:
