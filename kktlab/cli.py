@@ -5,11 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import sys
 
 from core.errors import UserError
-from kktlab import served
+from kktlab import served, stopping
 
 
 def check_prefect_api() -> None:
@@ -129,8 +128,8 @@ def cmd_run(args) -> int:
                     _print_stage(stage, store, stats, summary(open_results(store, stage.name),
                                                               variables=stage.exp.summary))
                     all_stats.append(stats)
-    except BaseException:
-        if SIGNALLED:  # SIGTERM/SIGINT, whatever Prefect turned it into (TerminationSignal, Abort)
+    except BaseException as err:
+        if stopping.signalled(err):  # SIGTERM/SIGINT, whatever Prefect turned it into (TerminationSignal, Abort)
             _say_how_far(cfgs, stores)
         raise
     if args.json:
@@ -337,45 +336,21 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--out", required=True)
     s.set_defaults(fn=cmd_report)
     args = ap.parse_args(argv)
-    signal.signal(signal.SIGTERM, _terminate)
-    signal.signal(signal.SIGINT, _terminate)
+    stopping.install()
     try:
         return args.fn(args)
     except UserError as err:
         print(f"kktlab: error: {err}", file=sys.stderr)
         return 2
     except OSError as err:  # the file system or network refused; what was asked is in the message
-        if SIGNALLED:
-            return _stopped()
+        if stopping.signalled(err):
+            return stopping.stopped()
         print(f"kktlab: error: {err}", file=sys.stderr)
         return 1
-    except BaseException:
-        if not SIGNALLED:
+    except BaseException as err:
+        if not stopping.signalled(err):
             raise
-        return _stopped()
-
-
-SIGNALLED: list[int] = []  # the signal that stopped this process, if one did
-
-
-def _stopped() -> int:
-    print(f"kktlab: stopped by {signal.Signals(SIGNALLED[0]).name}; the Prefect server and Dask cluster it "
-          "started are shut down", file=sys.stderr)
-    return 128 + SIGNALLED[0]
-
-
-def _terminate(signum, frame):
-    """SIGTERM and SIGINT unwind like Ctrl-C: servers and clusters started by this process are
-    stopped by their context managers (issue 12 item 8). The services' own complaints about peers
-    going away while they shut down (Dask heartbeats, Prefect's log shipping) are muted."""
-    import logging
-
-    if not SIGNALLED:
-        SIGNALLED.append(signum)
-    logging.raiseExceptions = False
-    for name in ("distributed", "prefect", "tornado", "asyncio"):
-        logging.getLogger(name).setLevel(logging.CRITICAL)
-    raise KeyboardInterrupt(f"signal {signum}")
+        return stopping.stopped()
 
 
 if __name__ == "__main__":

@@ -216,3 +216,39 @@ def test_sigterm_stops_server_and_cluster_and_says_how_far(cli, write_config, tm
     # (Dask worker processes may still log a closed heartbeat stream while the cluster goes down)
     gone, alive = psutil.wait_procs(children, timeout=30)
     assert not alive, [p.cmdline() for p in alive]
+
+
+def test_a_sigterm_prefect_raised_inside_pydantic_is_still_a_stop(monkeypatch):
+    """CI stop 34: SIGTERM landed while Prefect serialized its context, so Prefect's
+    ``TerminationSignal`` came out wrapped in a ``PydanticSerializationError``, never reached
+    Prefect's hand-on to our handler, and ``kktlab run`` exited 1 with a traceback. The wrapper
+    around Prefect's handler records and mutes first; the exception chain names the signal."""
+    import logging
+
+    from prefect.exceptions import TerminationSignal
+    from prefect.utilities import engine
+    from pydantic_core import PydanticSerializationError
+
+    from kktlab import stopping
+
+    monkeypatch.setattr(stopping, "SIGNALLED", [])
+    assert not stopping.signalled(RuntimeError("a real failure"))
+    wrapped = PydanticSerializationError("Error calling function `_ser_model`: TerminationSignal: ")
+    assert stopping.signalled(wrapped) and stopping.SIGNALLED == [signal.SIGTERM]
+
+    monkeypatch.setattr(stopping, "SIGNALLED", [])
+    monkeypatch.setattr(engine, "_prefect_sigterm_handler", engine._prefect_sigterm_handler)
+    monkeypatch.setattr(logging, "raiseExceptions", logging.raiseExceptions)
+    for name in ("distributed", "prefect", "tornado", "asyncio"):
+        monkeypatch.setattr(logging.getLogger(name), "level", logging.getLogger(name).level)
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        stopping.install()
+        stopping.install()  # idempotent: one wrapper
+        with pytest.raises(TerminationSignal):
+            engine._prefect_sigterm_handler(signal.SIGTERM, None)
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+    assert stopping.SIGNALLED == [signal.SIGTERM]
+    assert logging.getLogger("prefect").level == logging.CRITICAL
