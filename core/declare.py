@@ -189,6 +189,10 @@ class Experiment:
     figures: str = ""
     acceptance: str = ""
     nets: Callable[[Cell, "NetsContract | None"], NetsContract] | None = None
+    # A producer of "nets": the arrays beyond W, b, v, X, y it stores (or rebuilds) for readers,
+    # name -> their own dims after the grid's (e.g. lazy_train: W0 ("hidden", "feature")). Written
+    # into the group (``kktlab_nets_arrays``), so storage.nets loads them without a list of its own.
+    nets_arrays: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
     needs: Callable[[Cell], NetsNeeds] = lambda cell: NetsNeeds()
 
     def with_inherited(self, cell: Cell, upstream: Cell) -> Cell:

@@ -6,7 +6,9 @@ Each deployment runs ``flows/served.py:submit`` from this checkout (``from_sourc
 local folder, so workers must see the same filesystem); its parameters are the config path,
 the store and top-level overrides. ``kktlab submit CONFIG`` creates a flow run of the
 deployment named after the config's experiment. deploy/prefect.yaml holds the same for
-``prefect deploy --all``.
+``prefect deploy --all``; it is written from the experiment registry, never by hand:
+
+    python -m deploy.prefect_deploy > deploy/prefect.yaml
 """
 
 from __future__ import annotations
@@ -16,6 +18,21 @@ import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 ENTRYPOINT = "flows/served.py:submit"
+HEADER = """\
+# Prefect deployments for a served kktlab (same as `kktlab deploy`); written by
+#   python -m deploy.prefect_deploy > deploy/prefect.yaml   (tests/test_config.py checks it is current)
+# Use:
+#   prefect work-pool create kktlab-pool --type process
+#   prefect --no-prompt deploy --all --prefect-file deploy/prefect.yaml   (run from the repo root)
+# then `kktlab submit CONFIG.yaml` (or `prefect deployment run kktlab-submit/nonrobust
+#   --param config_path=/abs/configs/x.yaml`) and watch the run in the UI.
+name: kktlab
+prefect-version: 3.8.8
+pull:
+  - prefect.deployments.steps.set_working_directory:
+      directory: "{{ $KKTLAB_ROOT }}"
+deployments:  # one per experiment
+"""
 
 
 async def ensure_pool(name: str) -> None:
@@ -42,3 +59,21 @@ def deploy_all(pool: str, experiments: dict[str, str]) -> list[str]:
                                description=description, print_next_steps=False, ignore_warnings=True)
         ids.append(str(dep_id))
     return ids
+
+
+def prefect_yaml(experiments: dict[str, str], pool: str = "kktlab-pool") -> str:
+    """deploy/prefect.yaml: the deployments :func:`deploy_all` makes (name -> description), for
+    ``prefect deploy --all``."""
+    import json
+
+    lines = [HEADER.rstrip("\n")]
+    for name, description in experiments.items():
+        lines += [f"  - name: {name}", f"    entrypoint: {ENTRYPOINT}", f"    description: {json.dumps(description, ensure_ascii=False)}",
+                  '    parameters: {config_path: "", store: null}', f"    work_pool: {{name: {pool}}}"]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    from flows import experiments as registry
+
+    print(prefect_yaml({name: registry.get(name).description for name in registry.names()}), end="")

@@ -24,13 +24,20 @@ from core.errors import StoreError, UserError
 from storage import schema
 
 ARRAYS = ("W", "b", "v", "X", "y")
-# Optional per-cell variables a producing stage may store beside the nets (paper 003's lazy_train
-# and adv_train: the init W0, a test set, the training budget); loaded into ``Nets.extra`` when the
-# group has them, cut along hidden/feature like W.
-EXTRAS = ("W0", "b0", "X_test", "y_test", "n_test_used", "R_train", "V_train", "forgotten")
-# The own dims of the extras a producer may rebuild instead of storing (Experiment.rebuild).
-REBUILT_DIMS = {"W0": ("hidden", "feature"), "b0": ("hidden",), "X_test": ("test_sample", "feature"),
-                "y_test": ("test_sample",)}
+# The arrays beyond W, b, v, X, y a producer stores or rebuilds for readers, name -> own dims, are
+# declared by the producing experiment (core.declare.Experiment.nets_arrays) and written into its
+# group as ``kktlab_nets_arrays``; loaded into ``Nets.extra``, cut along hidden/feature like W.
+# Groups made before that attribute existed name theirs here (what kktlab's producers kept then).
+LEGACY_NETS_ARRAYS = {"W0": ("hidden", "feature"), "b0": ("hidden",), "X_test": ("test_sample", "feature"),
+                      "y_test": ("test_sample",), "n_test_used": (), "R_train": (), "V_train": (),
+                      "forgotten": ("sample",)}
+
+
+def nets_arrays(g: zarr.Group) -> dict[str, tuple[str, ...]]:
+    """What the producer of group ``g`` keeps for readers beside the nets: name -> own dims."""
+    if "kktlab_nets_arrays" not in g.attrs:
+        return LEGACY_NETS_ARRAYS
+    return {k: tuple(v) for k, v in json.loads(g.attrs["kktlab_nets_arrays"]).items()}
 
 
 @dataclasses.dataclass
@@ -57,7 +64,7 @@ class Nets:
     cells: list[dict]
     problems: list[str]
     hashes: list[int] = dataclasses.field(default_factory=list)  # each cell's cell_hash (-1: none recorded)
-    # name -> (E, ...) tensor of the optional EXTRAS the group stores; extra_dims: name -> its extra dims
+    # name -> (E, ...) tensor of the arrays the producer keeps for readers (nets_arrays); extra_dims: their own dims
     extra: dict = dataclasses.field(default_factory=dict)
     extra_dims: dict = dataclasses.field(default_factory=dict)
     # each net's core.declare.NetsContract (what its producer declares for its cell; flows/contracts.py)
@@ -215,8 +222,8 @@ def load_nets_at(path: str | pathlib.Path, group: str, indices: list[tuple[int, 
         if not all(np.isfinite(out[n][e]).all() for n in ARRAYS):
             problems[e] = f"upstream cell ({labels[e]}) has non-finite stored nets"
     hashes = [int(g[schema.CELL_HASH][tuple(idx)]) if schema.CELL_HASH in g else schema.NO_HASH for idx in indices]
-    extra, extra_dims = {}, {}
-    for name in (n for n in EXTRAS if n in g):
+    extra, extra_dims, arrays = {}, {}, nets_arrays(g)
+    for name in (n for n in arrays if n in g):
         own = tuple(g[name].metadata.dimension_names[len(dims):])
         cut = _cut(own, K, D)
         shape = tuple(len(range(*c.indices(s))) for c, s in zip(cut, g[name].shape[len(dims):]))
@@ -224,14 +231,14 @@ def load_nets_at(path: str | pathlib.Path, group: str, indices: list[tuple[int, 
         for e in ok:
             a[e] = g[name][tuple(indices[e]) + cut]
         extra[name], extra_dims[name] = torch.from_numpy(a), own
-    for name in sorted({n for r in rebuilt for n in r} & set(EXTRAS) - set(g)):  # rebuilt, never stored
+    for name in sorted({n for r in rebuilt for n in r} & set(arrays) - set(g)):  # rebuilt, never stored
         parts = [r.get(name) for r in rebuilt]
         shape = np.max([p.shape for p in parts if p is not None], axis=0)
         a = np.zeros((E, *shape))
         for e, p in enumerate(parts):
             if p is not None and not problems[e]:
                 a[e][tuple(slice(0, s) for s in p.shape)] = p
-        extra[name], extra_dims[name] = torch.from_numpy(a), REBUILT_DIMS[name]
+        extra[name], extra_dims[name] = torch.from_numpy(a), arrays[name]
     t = {n: torch.from_numpy(a) for n, a in out.items()}
     return Nets(t["W"], t["b"], t["v"], t["X"], t["y"], mask, torch.from_numpy(size["d_used"]), m,
                 torch.from_numpy(size["width_used"]), torch.from_numpy(rng), cells, problems, hashes,

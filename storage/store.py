@@ -118,6 +118,7 @@ class Store:
         ds.attrs.update({
             "kktlab_identity": json.dumps(ident, sort_keys=True, default=str),
             "kktlab_experiment": exp.name,
+            "kktlab_nets_arrays": json.dumps({k: list(v) for k, v in exp.nets_arrays.items()}, sort_keys=True),
             "paper": exp.paper,
             "config": config_text,
             "versions": json.dumps(versions()),

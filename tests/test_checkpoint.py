@@ -62,12 +62,21 @@ def _false_converged(path, tmp_path):
     torch.save(payload, path)
 
 
+def _forged_converged(path, tmp_path):
+    """Issue 29 item 6: a state that loads with weights_only and claims its first net converged at a
+    loss far below the target, although its weights are mid-training ones."""
+    st, _ = nonrobust.train_bundle(CELLS, "cpu", checkpoint=path, max_chunks=1)
+    payload = torch.load(path, weights_only=True)
+    payload["status"][0], payload["log_loss"][0] = 1, -100.0
+    torch.save(payload, path)
+
+
 def _other_shapes(path, tmp_path):
     """A valid checkpoint of another bundle (other width)."""
     nonrobust.train_bundle([dict(c, width=8) for c in CELLS], "cpu", checkpoint=path, max_chunks=1)
 
 
-@pytest.mark.parametrize("damage", [_garbage, _pickled, _false_converged, _other_shapes])
+@pytest.mark.parametrize("damage", [_garbage, _pickled, _false_converged, _forged_converged, _other_shapes])
 def test_unusable_checkpoint_is_quarantined_and_the_bundle_recomputed(tmp_path, capfd, damage):
     """Issue 12 item 7: garbage, a pickle with code, a 'converged' net above its target loss, a state
     of other shapes: never retried, never executed; the file is named in one warning and moved aside

@@ -125,19 +125,25 @@ def test_every_shipped_config_is_valid():
         config.load(path)
 
 
-def test_prefect_yaml_lists_every_deployment():
-    """deploy/prefect.yaml (the `prefect deploy` route) names the same deployments as `kktlab deploy`:
-    one per experiment (issue 17)."""
+def test_prefect_yaml_is_written_from_the_registry():
+    """deploy/prefect.yaml (the `prefect deploy` route) is what `python -m deploy.prefect_deploy`
+    writes from the experiment registry: one deployment per experiment, as `kktlab deploy` makes
+    them (issue 17; issue 27 item 3: a new experiment is its declaration, never a hand edit here)."""
     import pathlib
 
     import yaml
 
+    from deploy.prefect_deploy import prefect_yaml
     from flows import experiments
 
     root = pathlib.Path(__file__).resolve().parents[1]
-    deployments = yaml.safe_load((root / "deploy" / "prefect.yaml").read_text())["deployments"]
+    text = (root / "deploy" / "prefect.yaml").read_text()
+    assert text == prefect_yaml({n: experiments.get(n).description for n in experiments.names()}), \
+        "deploy/prefect.yaml is stale: python -m deploy.prefect_deploy > deploy/prefect.yaml"
+    deployments = yaml.safe_load(text)["deployments"]
     assert sorted(d["name"] for d in deployments) == experiments.names()
     assert {d["entrypoint"] for d in deployments} == {"flows/served.py:submit"}
+    assert all(d["description"] == experiments.get(d["name"]).description for d in deployments)
 
 
 # --- issue 29 items 7 and 12: refused before any group is made; status of a finished store -------

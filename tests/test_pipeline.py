@@ -231,3 +231,28 @@ def test_pgd_random_starts_do_not_depend_on_bundle_mates():
         alone = pgd.run_bundle([cell], "cpu", inputs=nets.select([e]))[0]
         np.testing.assert_array_equal(alone["robust"], together[e]["robust"])
     assert len({float(o["rta"]) for o in together}) > 1 or together[0]["rta"] < 1  # the attack did something
+
+
+def test_every_producer_declares_what_it_keeps_for_readers(tmp_path):
+    """Issue 27 item 3: what a producer keeps beside the nets is declared once
+    (``Experiment.nets_arrays``), covers its contract's arrays, is written into its group, and is what
+    storage.nets loads; a group made before the attribute falls back to the arrays kktlab kept then."""
+    import json
+
+    import zarr
+
+    from flows import experiments
+    from storage.nets import LEGACY_NETS_ARRAYS, nets_arrays
+
+    producers = [experiments.get(n) for n in experiments.names() if "nets" in experiments.get(n).produces]
+    assert {e.name for e in producers} >= {"train", "train_kkt", "lazy_train", "adv_train", "unlearn"}
+    for exp in producers:
+        cell = {k: p.default for k, p in exp.params.items()}
+        assert exp.nets(cell, None).arrays <= set(exp.nets_arrays), exp.name
+        for name, dims in exp.nets_arrays.items():
+            if name in exp.variables:  # stored (the rest is rebuilt): the declared dims are the stored ones
+                assert tuple(exp.variables[name].dims) == dims, (exp.name, name)
+    g = zarr.open_group(str(tmp_path / "g"), mode="w", zarr_format=3)
+    assert nets_arrays(g) == LEGACY_NETS_ARRAYS
+    g.attrs["kktlab_nets_arrays"] = json.dumps({"forgotten": ["sample"]})
+    assert nets_arrays(g) == {"forgotten": ("sample",)}

@@ -88,6 +88,6 @@ EXPERIMENT = register(Experiment(
     description="projected adversarial training in B_{2,inf}(W0, V) against PGD-l2 of budget R (Alg. 1; produces nets)",
     params=P, variables=V, run_bundle=run_bundle, bundle_key=bundle_key, cost=cost, check=lazy.check,
     memory=memory, memory_fields=("m", "d"), extra_dims=extra_dims, produces=("nets",), rebuild=lazy.rebuild,
-    nets=contract,
+    nets=contract, nets_arrays=dict(lazy.NETS_ARRAYS, R_train=(), V_train=()),
     summary=("rta_train", "clean_acc", "epochs", "C0_reached"), spec_ids=("E4", "E5", "X1", "X5"),
 ))

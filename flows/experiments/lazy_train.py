@@ -192,6 +192,11 @@ def rebuild(cell: dict, read) -> dict:
             "b0": b0[0].double().numpy()}
 
 
+# kept for readers beside the nets (n_test_used stored; the init and the test set rebuilt by rebuild)
+NETS_ARRAYS = {"W0": ("hidden", "feature"), "b0": ("hidden",), "X_test": ("test_sample", "feature"),
+               "y_test": ("test_sample",), "n_test_used": ()}
+
+
 def contract(cell: dict, upstream=None) -> NetsContract:
     """Paper 003 lazy nets: W trained, b trained when the variant has a bias (spec 003 §2.2), the top
     layer a/√m frozen; the init (W0, b0) and the test set come back through :func:`rebuild`."""
@@ -213,5 +218,6 @@ EXPERIMENT = register(Experiment(
     description="lazy SGD to the exit of the ball ||W - W0||_{2,inf} <= C0/sqrt(m), snapshots per C0 (produces nets)",
     params=P, variables=V, run_bundle=run_bundle, bundle_key=bundle_key, cost=cost, check=check, memory=memory,
     memory_fields=("m", "d"), extra_dims=extra_dims, produces=("nets",), rebuild=rebuild, nets=contract,
+    nets_arrays=NETS_ARRAYS,
     summary=("test_acc", "exited", "steps", "C0_reached"), spec_ids=("E1", "E2", "E3", "X2", "X6"),
 ))

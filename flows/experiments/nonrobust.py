@@ -154,7 +154,7 @@ def start_training(cells: list[dict], device: str, checkpoint: str | None, datas
         torch.backends.cudnn.allow_tf32 = False
     net, X, y, mask, gens = cell_fn.build(cells, datasets)
     sched = cell_fn.schedule(cells[0])
-    check = lambda st: train.check_state(st, net, sched)  # noqa: E731 - a resumed state must be this bundle's
+    check = lambda st: train.check_state(st, net, sched, (X, y, mask))  # noqa: E731 - this bundle's, as trained
     state = checkpoint_io.load(checkpoint, dev, dtype, gens, check, extra=extra) if checkpoint else None
     on_dev = (nets.TwoLayer(*(t.to(dev, dtype) for t in (net.W, net.b, net.v))), X.to(dev, dtype), y.to(dev, dtype),
               mask.to(dev))

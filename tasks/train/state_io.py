@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from tasks.nets import TwoLayer
+from tasks.nets import TwoLayer, mean_log_loss
 from tasks.train.gd import CONVERGED, RUNNING, STATE_FIELDS, STATUS_NAMES, Schedule, TrainState
 
 
@@ -32,11 +32,13 @@ def state_from_dict(d: dict[str, torch.Tensor], device, dtype) -> TrainState:
     return TrainState(net=net, **{f: d[f].to(device) for f in STATE_FIELDS})
 
 
-def check_state(st: TrainState, net: TwoLayer, schedule: Schedule) -> None:
+def check_state(st: TrainState, net: TwoLayer, schedule: Schedule, data: tuple | None = None) -> None:
     """Raise ValueError unless ``st`` can be a state of training ``net`` (the bundle's initial
     stack) under ``schedule``: same shapes, known statuses, iterations within the cap, and every
     net marked converged with a finite loss below the target (a "converged" net whose loss is
-    above it was not converged: such a checkpoint is not resumed)."""
+    above it was not converged: such a checkpoint is not resumed). With the bundle's ``data``
+    (X, y, mask), a converged net's claimed loss is recomputed from its saved weights, as training
+    measured it, and must agree (issue 29 item 6: a forged state that claims convergence)."""
     for name in ("W", "b", "v"):
         have, want = getattr(st.net, name).shape, getattr(net, name).shape
         if have != want:
@@ -55,6 +57,15 @@ def check_state(st: TrainState, net: TwoLayer, schedule: Schedule) -> None:
         e = int(bad.nonzero()[0, 0])
         raise ValueError(f"net {e} is marked converged but its loss exp({float(st.log_loss[e]):.4g}) is not below "
                          f"the target {schedule.target_loss:g}")
+    if data is not None and bool(conv.any()):
+        X, y, mask = (t.to(st.net.W.device) for t in data)
+        q = y.to(st.net.W.dtype) * st.net(X.to(st.net.W.dtype))
+        again = mean_log_loss(q, mask, schedule.loss).to(st.log_loss.device)
+        off = conv & ~((again - st.log_loss).abs() <= 1e-3 * st.log_loss.abs().clamp_min(1.0))
+        if bool(off.any()):
+            e = int(off.nonzero()[0, 0])
+            raise ValueError(f"net {e} claims converged at loss exp({float(st.log_loss[e]):.4g}) but its saved "
+                             f"weights give exp({float(again[e]):.4g})")
     live = (st.status == RUNNING) | conv
     if bool((live & ~st.net.finite().to(live.device)).any()):
         raise ValueError("a running or converged net has non-finite parameters")
