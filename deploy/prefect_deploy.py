@@ -8,7 +8,7 @@ the store and top-level overrides. ``kktlab submit CONFIG`` creates a flow run o
 deployment named after the config's experiment. deploy/prefect.yaml holds the same for
 ``prefect deploy --all``; it is written from the experiment registry, never by hand:
 
-    python -m deploy.prefect_deploy > deploy/prefect.yaml
+    kktlab deploy --write-yaml deploy/prefect.yaml
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 ENTRYPOINT = "flows/served.py:submit"
 HEADER = """\
 # Prefect deployments for a served kktlab (same as `kktlab deploy`); written by
-#   python -m deploy.prefect_deploy > deploy/prefect.yaml   (tests/test_config.py checks it is current)
+#   kktlab deploy --write-yaml deploy/prefect.yaml   (tests/test_config.py checks it is current)
 # Use:
 #   prefect work-pool create kktlab-pool --type process
 #   prefect --no-prompt deploy --all --prefect-file deploy/prefect.yaml   (run from the repo root)
@@ -72,8 +72,3 @@ def prefect_yaml(experiments: dict[str, str], pool: str = "kktlab-pool") -> str:
                   '    parameters: {config_path: "", store: null}', f"    work_pool: {{name: {pool}}}"]
     return "\n".join(lines) + "\n"
 
-
-if __name__ == "__main__":
-    from flows import experiments as registry
-
-    print(prefect_yaml({name: registry.get(name).description for name in registry.names()}), end="")

@@ -17,3 +17,11 @@ def load_nets(path, group: str, **sel):
     nets = load(path, group, rebuild=experiments.get(producer(path, group)).rebuild, **sel)
     nets.contracts = contracts_at(path, group, select_indices(path, group, sel))
     return nets
+
+
+def table(path, group: str | None = None, **kw):
+    """One table of ``group``'s usable cells as a pandas DataFrame (what ``kktlab table`` prints):
+    ``vars``, ``by``, ``over``, ``stat``, ``where`` as in :func:`storage.table.table`."""
+    from storage.table import table as make
+
+    return make(path, group, **kw)

@@ -8,7 +8,7 @@ import os
 import sys
 
 from core.errors import UserError
-from kktlab import served, stopping
+from kktlab import served, stopping, tables
 
 
 def check_prefect_api() -> None:
@@ -317,6 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     s.set_defaults(fn=served.cmd_submit)
     s = sub.add_parser("deploy", help="create the work pool and one deployment per experiment (served mode)")
     s.add_argument("--pool", default="kktlab-pool")
+    s.add_argument("--write-yaml", metavar="FILE", help="write the deployments as a prefect.yaml instead")
     s.set_defaults(fn=served.cmd_deploy)
     s = sub.add_parser("status", help="cells done / total per experiment")
     s.add_argument("store")
@@ -331,6 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     s.set_defaults(fn=cmd_show)
     s = sub.add_parser("experiments", help="what can be run, with parameters")
     s.set_defaults(fn=cmd_experiments)
+    tables.add_parser(sub)
     s = sub.add_parser("report", help="the paper figures as PNG + index.md")
     s.add_argument("store")
     s.add_argument("--out", required=True)

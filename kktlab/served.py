@@ -169,10 +169,16 @@ def _summaries(store: str, stages, console) -> None:
 
 def cmd_deploy(args) -> int:
     """Create the process work pool and one deployment per experiment (served mode)."""
-    from deploy.prefect_deploy import deploy_all
+    from deploy.prefect_deploy import deploy_all, prefect_yaml
     from flows import experiments
 
+    described = {name: experiments.get(name).description for name in experiments.names()}
+    if args.write_yaml:  # deploy/prefect.yaml, for `prefect deploy --all`: no server needed
+        with open(args.write_yaml, "w") as f:
+            f.write(prefect_yaml(described, args.pool))
+        print(f"wrote {len(described)} deployments to {args.write_yaml}")
+        return 0
     _api()
-    ids = deploy_all(args.pool, {name: experiments.get(name).description for name in experiments.names()})
+    ids = deploy_all(args.pool, described)
     print(f"deployed {len(ids)} deployments to work pool {args.pool}")
     return 0

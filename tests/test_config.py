@@ -126,7 +126,7 @@ def test_every_shipped_config_is_valid():
 
 
 def test_prefect_yaml_is_written_from_the_registry():
-    """deploy/prefect.yaml (the `prefect deploy` route) is what `python -m deploy.prefect_deploy`
+    """deploy/prefect.yaml (the `prefect deploy` route) is what `kktlab deploy --write-yaml`
     writes from the experiment registry: one deployment per experiment, as `kktlab deploy` makes
     them (issue 17; issue 27 item 3: a new experiment is its declaration, never a hand edit here)."""
     import pathlib
@@ -139,7 +139,7 @@ def test_prefect_yaml_is_written_from_the_registry():
     root = pathlib.Path(__file__).resolve().parents[1]
     text = (root / "deploy" / "prefect.yaml").read_text()
     assert text == prefect_yaml({n: experiments.get(n).description for n in experiments.names()}), \
-        "deploy/prefect.yaml is stale: python -m deploy.prefect_deploy > deploy/prefect.yaml"
+        "deploy/prefect.yaml is stale: kktlab deploy --write-yaml deploy/prefect.yaml"
     deployments = yaml.safe_load(text)["deployments"]
     assert sorted(d["name"] for d in deployments) == experiments.names()
     assert {d["entrypoint"] for d in deployments} == {"flows/served.py:submit"}

@@ -1,0 +1,38 @@
+"""``kktlab table STORE [GROUP]``: one table of a group's usable cells, grouped and aggregated,
+every row printed or written (storage/table.py holds the query; this module the command)."""
+
+from __future__ import annotations
+
+import sys
+
+FORMATS = ("text", "csv", "markdown", "json", "parquet")
+
+
+def add_parser(sub) -> None:
+    from storage.table import STATS
+
+    s = sub.add_parser("table", help="a group's usable cells as one table: selected, grouped, aggregated, every row")
+    s.add_argument("store")
+    s.add_argument("group", nargs="?", help="the group (stage); may be left out when the store holds one")
+    s.add_argument("--vars", help="comma-separated scalar variables (default: every numeric one)")
+    s.add_argument("--by", help="comma-separated grid dims or variables to group on")
+    s.add_argument("--over", help="comma-separated grid dims to aggregate over (default: seed, where it is a dim); "
+                                  "a grid dim in neither --by nor --over is kept as a column")
+    s.add_argument("--stat", default="mean", choices=STATS)
+    s.add_argument("--where", action="append", help="name=value or name=v1,v2 on a grid dim or variable (repeatable)")
+    s.add_argument("--format", default="text", choices=FORMATS)
+    s.add_argument("--out", help="write to this file (required for parquet)")
+    s.set_defaults(fn=cmd_table)
+
+
+def cmd_table(args) -> int:
+    from storage.table import table, write
+
+    df = table(args.store, args.group, vars=args.vars or (), by=args.by or (), over=args.over, stat=args.stat,
+               where=args.where)
+    text = write(df, args.format, args.out)
+    if text is None:
+        print(f"{len(df)} rows -> {args.out}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0

@@ -1,0 +1,81 @@
+"""``kktlab table`` / ``kktlab.table`` (issue 31 item 1): the usable cells only (the mask the figures
+use: done, not failed, an ok status), grouped and aggregated with counts, every row, exported."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import kktlab
+from core.errors import UserError
+from flows import config
+from flows.sweep import open_store
+
+D, SEEDS = [10, 20, 30], [0, 1, 2]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """A nonrobust group with known numbers: c_star = d + seed, iters = 100·seed. Cell (d=20, seed=2)
+    did not converge (status 2: not usable), (d=30, seed=0) is not done; every other cell converged."""
+    path = tmp_path_factory.mktemp("table") / "s.zarr"
+    cfg = config.parse({"experiment": "nonrobust", "grid": {"d": D, "seed": SEEDS}, "params": {"width": 8}})
+    st = open_store(cfg, path, "cpu")
+    for i, d in enumerate(D):
+        for j, s in enumerate(SEEDS):
+            if (d, s) == (30, 0):
+                continue
+            vals = {n: (np.zeros(4, v.dtype) if v.dims else np.asarray(0, v.dtype)) for n, v in cfg.exp.variables.items()}
+            vals.update(c_star=np.float64(d + s), iters=np.int64(100 * s), status=np.int64(2 if (d, s) == (20, 2) else 1))
+            assert st.write_cell((i, j), vals)
+    return path
+
+
+def test_usable_cells_grouped_with_counts(store):
+    df = kktlab.table(store, vars=["c_star", "iters"], by=["d"])
+    assert list(df.columns) == ["d", "n", "c_star", "iters"]
+    assert df.set_index("d")["n"].to_dict() == {10: 3, 20: 2, 30: 2}  # the non-converged and the undone cell are left out
+    assert df.set_index("d")["c_star"].to_dict() == pytest.approx({10: 11.0, 20: 20.5, 30: 31.5})
+
+
+def test_stats_selection_and_kept_dims(store):
+    sem = kktlab.table(store, vars="c_star", by="d", stat="sem").set_index("d")["c_star"]
+    assert sem[10] == pytest.approx(np.std([10, 11, 12], ddof=1) / np.sqrt(3))
+    every = kktlab.table(store, vars="c_star", over=[])  # nothing aggregated: one row per usable cell
+    assert len(every) == 7 and set(every.columns) == {"d", "seed", "n", "c_star"}
+    one = kktlab.table(store, vars="c_star", where=["d=10,30", "seed=1"], over=[])
+    assert sorted(one.c_star) == [11.0, 31.0]
+    assert kktlab.table(store, vars="c_star", where={"iters": 0}, over=["d", "seed"]).n.tolist() == [2]
+    assert kktlab.table(store, vars="c_star", by="d", stat="count").c_star.tolist() == [3, 2, 2]
+
+
+@pytest.mark.parametrize("kw, field", [({"vars": "nope"}, "--vars"), ({"by": "width"}, "--by"),
+                                       ({"over": "alpha"}, "--over"), ({"stat": "mode"}, "--stat"),
+                                       ({"where": "d"}, "--where"), ({"where": "zz=1"}, "--where")])
+def test_bad_query_names_the_field(store, kw, field):
+    with pytest.raises(UserError, match=field):
+        kktlab.table(store, **kw)
+
+
+def test_cli_formats(store, tmp_path):
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "kktlab.cli", "table", str(store), *args],
+                              capture_output=True, text=True, timeout=120)
+
+    text = cli("--vars", "c_star", "--by", "d")
+    assert text.returncode == 0 and text.stdout.split("\n")[0].split() == ["d", "n", "c_star"]
+    csv = cli("--vars", "c_star", "--by", "d", "--format", "csv").stdout
+    assert pd.read_csv(pd.io.common.StringIO(csv)).n.tolist() == [3, 2, 2]
+    rows = json.loads(cli("--vars", "c_star", "--by", "d", "--format", "json").stdout)
+    assert [r["d"] for r in rows] == D
+    assert cli("--vars", "c_star", "--by", "d", "--format", "markdown").stdout.startswith("|")
+    out = tmp_path / "t.parquet"
+    assert cli("--by", "d", "--format", "parquet", "--out", str(out)).returncode == 0
+    assert pd.read_parquet(out).n.tolist() == [3, 2, 2]
+    bad = cli("--vars", "nope")
+    assert bad.returncode == 2 and bad.stderr.startswith("kktlab: error: --vars: nope") and "Traceback" not in bad.stderr
