@@ -13,7 +13,7 @@ import numpy as np
 import xarray as xr
 
 from analysis.acceptance import Row, skipped
-from analysis.lazy import _fixed, _mean, free_slope, slices, threshold
+from analysis.lazy import _fixed, _mean, free_slope, kept, left_out, slices, threshold
 from storage.query import fixed_params, groups, open_results, usable
 
 
@@ -60,7 +60,7 @@ def _slope_rows(ds: xr.Dataset, base: dict) -> list[Row]:
     r = float(np.nanmedian(da.values / np.sqrt(da["d"].values / 2)))
     rows.append(Row("||∇f|| / √(d/2)" + tag, "E1", f"{r:.3f}", "in [0.9, 1.3]", None if math.isnan(r) else
                     0.9 <= r <= 1.3, value=r))
-    acc = float(ds["test_acc"].where(usable(ds)).sel(acc_sel).min())
+    acc = float(ds["test_acc"].where(kept(ds)).sel(acc_sel).min())
     rows.append(Row(f"test error < 1% (every usable cell at C0 = {acc_sel.get('C0', '-')})" + tag, "E1", f"min test acc {acc:.4f}", ">= 0.99",
                     None if math.isnan(acc) else acc >= 0.99, value=acc))
     return rows
@@ -98,16 +98,38 @@ PLATEAU_HIGH, PLATEAU_LOW = 0.9, 0.1  # E4/E5: RTA ≈ 1 at the smallest budget 
 
 def _pgd_rows(ds: xr.Dataset) -> list[Row]:
     """E4 / E5 per (variant, data) slice, never pooled across data sets (issue 28 item 7); each with its
-    plateaus and E5's flatness in m, not only the constant (item 8)."""
+    plateaus and E5's flatness in m, not only the constant (item 8). Nets adv_train returned untrained
+    (train_status 1) are left out and counted in each row's note (item 9)."""
     rows = []
     for base in slices(ds) or [{}]:
         rows += _pgd_slice_rows(ds.sel(base) if base else ds, _tag(base))
     return rows
 
 
+def _judged(ds: xr.Dataset, per: tuple[str, ...]) -> str:
+    """The slice a row judged: its kept cells, what RTA is averaged over, and the nets left out."""
+    over = [dim for dim in ds["done"].dims if dim not in per]
+    gone = left_out(ds)
+    return (f"judged: {int(kept(ds).sum())} cells, RTA averaged over {', '.join(over) or 'nothing'} per "
+            f"({', '.join(per)})" + (f"; {gone} (train_status 1)" if gone else ""))
+
+
+def _ends(da: xr.DataArray, axis: str, every: str, note: str) -> tuple[bool, str]:
+    """Does the mean RTA ``da`` have a value at both ends of ``axis`` for every ``every`` (a plateau
+    row judges nothing else), and the row's note: ``note``, after 'not judged: needs ...' where not."""
+    if bool(np.isfinite(da.isel({axis: [0, -1]}).values).all()):
+        return True, note
+    return False, f"not judged: needs kept cells at the smallest and largest {axis} for every {every}; {note}"
+
+
 def _pgd_slice_rows(ds: xr.Dataset, tag: str) -> list[Row]:
+    if not bool(kept(ds).any()):
+        why = f"not judged: needs trained nets; {left_out(ds) or 'no usable cells'}"
+        return [skipped("E4", "R50(d) slope, constant and plateaus" + tag, "-0.5 ± 0.1; 5 in [3, 8]", why),
+                skipped("E5", "V50(m)·√m, flat in m, plateaus" + tag, "in [15, 40]", why)]
     rows = []
     if "R" in ds.dims and ds.sizes["R"] > 1 and "d" in ds.dims and ds.sizes["d"] > 1:
+        note = _judged(ds, ("d", "R"))
         da = _mean(ds, "rta", ("d", "R")).transpose("d", "R")
         d = da["d"].values.astype(float)
         r50 = np.array([threshold(da["R"].values, row) for row in da.values])
@@ -115,18 +137,20 @@ def _pgd_slice_rows(ds: xr.Dataset, tag: str) -> list[Row]:
         ok = np.isfinite(r50)
         const = float(np.exp(np.mean(np.log(r50[ok] * np.sqrt(d[ok]))))) if ok.any() else float("nan")
         rows.append(Row("R50(d) slope in d (Fig 4 left)" + tag, "E4", f"{s:+.3f} from {int(ok.sum())} d", "-0.5 ± 0.1",
-                        None if math.isnan(s) else abs(s + 0.5) <= 0.1, value=s))
+                        None if math.isnan(s) else abs(s + 0.5) <= 0.1, note, value=s))
         rows.append(Row("R50(d)·√d (the paper's 5)" + tag, "E4", f"{const:.2f}", "in [3, 8]",
-                        None if math.isnan(const) else 3 <= const <= 8, value=const))
+                        None if math.isnan(const) else 3 <= const <= 8, note, value=const))
         lo, hi = float(da.isel(R=0).min()), float(da.isel(R=-1).max())
+        full, why = _ends(da, "R", "d", note)
         rows.append(Row("RTA plateaus: ≈ 1 at the smallest R, ≈ 0 at the largest, every d" + tag, "E4",
                         f"min RTA {lo:.3f} at R = {float(da.R[0]):g}; max {hi:.3f} at R = {float(da.R[-1]):g}",
                         f">= {PLATEAU_HIGH}; <= {PLATEAU_LOW}",
-                        None if math.isnan(lo + hi) else lo >= PLATEAU_HIGH and hi <= PLATEAU_LOW, value=lo - hi))
+                        lo >= PLATEAU_HIGH and hi <= PLATEAU_LOW if full else None, why, value=lo - hi))
     else:
         rows.append(skipped("E4", "R50(d) slope, constant and plateaus" + tag, "-0.5 ± 0.1; 5 in [3, 8]",
                             "needs a (d, R) grid"))
     if "V" in ds.dims and ds.sizes["V"] > 1 and "m" in ds.dims:
+        note = _judged(ds, ("m", "V"))
         da = _mean(ds, "rta", ("m", "V")).transpose("m", "V")
         m = da["m"].values.astype(float)
         v50 = np.array([threshold(da["V"].values, 1 - row) for row in da.values])
@@ -135,17 +159,19 @@ def _pgd_slice_rows(ds: xr.Dataset, tag: str) -> list[Row]:
         const = float(np.exp(np.mean(np.log(c[ok])))) if ok.any() else float("nan")
         rows.append(Row("V50(m)·√m (the paper's 25; Fig 4 right)" + tag, "E5",
                         f"{const:.1f} (per m: {np.round(c, 1).tolist()})", "in [15, 40]",
-                        None if math.isnan(const) else 15 <= const <= 40, value=const))
+                        None if math.isnan(const) else 15 <= const <= 40, note, value=const))
         spread = float(c[ok].max() / c[ok].min()) if ok.sum() >= 2 else float("nan")
         rows.append(Row("V50(m)·√m flat in m: every m in [15, 40]" + tag, "E5",
                         f"per m in [{np.nanmin(c):.1f}, {np.nanmax(c):.1f}] (max/min {spread:.2f}), "
                         f"{int(ok.sum())}/{len(m)} m with a crossing", "every m in [15, 40]",
-                        None if not ok.any() else bool(ok.all() and ((c >= 15) & (c <= 40)).all()), value=spread))
+                        None if not ok.any() else bool(ok.all() and ((c >= 15) & (c <= 40)).all()), note,
+                        value=spread))
         lo, hi = float(da.isel(V=0).max()), float(da.isel(V=-1).min())
+        full, why = _ends(da, "V", "m", note)
         rows.append(Row("RTA plateaus: ≈ 0 at the smallest V, ≈ 1 at the largest, every m" + tag, "E5",
                         f"max RTA {lo:.3f} at V = {float(da.V[0]):g}; min {hi:.3f} at V = {float(da.V[-1]):g}",
                         f"<= {PLATEAU_LOW}; >= {PLATEAU_HIGH}",
-                        None if math.isnan(lo + hi) else lo <= PLATEAU_LOW and hi >= PLATEAU_HIGH, value=hi - lo))
+                        lo <= PLATEAU_LOW and hi >= PLATEAU_HIGH if full else None, why, value=hi - lo))
     else:
         rows.append(skipped("E5", "V50(m)·√m, flat in m, plateaus" + tag, "in [15, 40]", "needs an (m, V) grid"))
     return rows

@@ -17,10 +17,51 @@ SLOPE = {"med_delta_rel": -0.5, "med_gnorm": 0.5, "med_eta_star": -1.0, "med_eta
 LABEL = {"med_delta_rel": "||δ*||/||x||", "med_gnorm": "||∇f(x)||", "med_eta_star": "|η*|", "med_eta_rel": "|η*|/||x||"}
 
 
+UNTRAINED = "adversarial training returned the init"
+
+
+def untrained(ds: xr.Dataset) -> xr.DataArray:
+    """Cells whose adv_train net is its init W0 (issue 28 item 9): ``train_status`` 1, the adv_train
+    group's own or a reading stage's copy (``storage.query.stage_scalars`` merges it in). Groups made
+    before that variable (absent, or the fill -1 in cells of a resumed one) say the same by
+    ``best_epoch == 0``. All False for nets of other trainers."""
+    mask = xr.zeros_like(ds["done"], dtype=bool)
+    if "best_epoch" in ds:
+        mask = ds["best_epoch"] == 0
+    if "train_status" in ds:
+        mask = xr.where(ds["train_status"] >= 0, ds["train_status"] == 1, mask)
+    return mask.broadcast_like(ds["done"])
+
+
+def kept(ds: xr.Dataset) -> xr.DataArray:
+    """Cells that figures and rows use: usable (``storage.query.usable``) and not :func:`untrained`."""
+    return usable(ds) & ~untrained(ds)
+
+
+def _nets(ds: xr.Dataset, mask: xr.DataArray) -> int:
+    """Distinct nets among the cells of ``mask``: by ``upstream_hash`` (a reading stage's cells that
+    read one net count once) where every such cell has one, else the cells."""
+    m = np.asarray(mask.broadcast_like(ds["done"]).values, dtype=bool)
+    if "upstream_hash" in ds:
+        h = np.asarray(ds["upstream_hash"].broadcast_like(ds["done"]).values)[m]
+        if (h >= 0).all():
+            return len(np.unique(h))
+    return int(m.sum())
+
+
+def left_out(ds: xr.Dataset) -> str:
+    """'2 of 12 nets left out: adversarial training returned the init' over the usable cells of
+    ``ds``; '' where the nets are not adv_train's (no ``train_status`` / ``best_epoch``)."""
+    if "train_status" not in ds and "best_epoch" not in ds:
+        return ""
+    ok = usable(ds)
+    return f"{_nets(ds, ok & untrained(ds))} of {_nets(ds, ok)} nets left out: {UNTRAINED}"
+
+
 def _mean(ds: xr.Dataset, var: str, keep: tuple[str, ...]) -> xr.DataArray:
-    """``var`` on usable cells, averaged over every dim but ``keep``; other non-seed dims must be
+    """``var`` on :func:`kept` cells, averaged over every dim but ``keep``; other non-seed dims must be
     single-valued or are averaged too (noted by the caller)."""
-    da = ds[var].where(usable(ds)).where(np.isfinite(ds[var]))
+    da = ds[var].where(kept(ds)).where(np.isfinite(ds[var]))
     return da.mean([dim for dim in da.dims if dim not in keep], skipna=True)
 
 
@@ -116,7 +157,10 @@ def threshold(x: np.ndarray, rta: np.ndarray, level: float = 0.5) -> float:
 
 
 def pgd_figures(ds: xr.Dataset, out: pathlib.Path, prefix: str) -> list[pathlib.Path]:
+    """Fig 4 left / right (or RTA vs R); nets adv_train returned untrained are left out, the title counts them."""
     paths = []
+    gone = left_out(ds)
+    gone = f"\n{gone}" if gone else ""
     if "R" in ds.dims and "d" in ds.dims:  # Fig 4 left
         da = _mean(ds, "rta", ("d", "R"))
         fig, ax = plt.subplots(figsize=(4.6, 3.6))
@@ -127,7 +171,7 @@ def pgd_figures(ds: xr.Dataset, out: pathlib.Path, prefix: str) -> list[pathlib.
         fig.colorbar(im, ax=ax, label="robust test accuracy")
         ax.set_xlabel("√d")
         ax.set_ylabel("||δ||")
-        paths.append(finish(fig, ax, out / f"{prefix}fig4_left.png", "Fig 4 left: RTA over (d, ||δ||)"))
+        paths.append(finish(fig, ax, out / f"{prefix}fig4_left.png", "Fig 4 left: RTA over (d, ||δ||)" + gone))
     if "V" in ds.dims and "m" in ds.dims:  # Fig 4 right
         da = _mean(ds, "rta", ("m", "V"))
         fig, ax = plt.subplots(figsize=(4.6, 3.6))
@@ -139,7 +183,7 @@ def pgd_figures(ds: xr.Dataset, out: pathlib.Path, prefix: str) -> list[pathlib.
         fig.colorbar(im, ax=ax, label="robust test accuracy")
         ax.set_xlabel("m")
         ax.set_ylabel("V")
-        paths.append(finish(fig, ax, out / f"{prefix}fig4_right.png", "Fig 4 right: RTA over (m, V)"))
+        paths.append(finish(fig, ax, out / f"{prefix}fig4_right.png", "Fig 4 right: RTA over (m, V)" + gone))
     if "R" in ds.dims and not paths:  # RTA against R (CI-size stores)
         da = _mean(ds, "rta", tuple(x for x in ("R", "V") if x in ds.dims))
         fig, ax = plt.subplots(figsize=(4.2, 3.4))
@@ -148,7 +192,7 @@ def pgd_figures(ds: xr.Dataset, out: pathlib.Path, prefix: str) -> list[pathlib.
             ax.plot(da["R"].values, y, "o-", label=f"V = {v:g}" if v is not None else "")
         ax.set_xlabel("||δ||")
         ax.set_ylabel("robust test accuracy")
-        paths.append(finish(fig, ax, out / f"{prefix}rta_vs_R.png", "robust test accuracy vs budget"))
+        paths.append(finish(fig, ax, out / f"{prefix}rta_vs_R.png", "robust test accuracy vs budget" + gone))
     return paths
 
 
@@ -187,9 +231,10 @@ def figures(ds: xr.Dataset, out_dir, prefix: str = "") -> list[pathlib.Path]:
 
 
 def notes(ds: xr.Dataset) -> list[str]:
-    n = int(usable(ds).sum())
+    n = int(kept(ds).sum())
     seeds = ds.sizes.get("seed", 1)
-    return [f"each point averages up to {seeds} seed(s) (per-cell medians over test points); {n} usable cells",
-            ""]
+    gone = left_out(ds)
+    return [f"each point averages up to {seeds} seed(s) (per-cell medians over test points); {n} usable cells"
+            + (f"; {gone} (train_status 1)" if gone else ""), ""]
 
 

@@ -1,7 +1,8 @@
 """Experiment ``adv_train`` (paper 003 §5.2 and Algorithm 1; spec 003 §2.9; E4, E5, X1): projected
 adversarial training confined to ``B_{2,∞}(W0, V)`` with PGD-l2 examples of budget R, on unit-norm
-binary MNIST or digits. Produces "nets" for ``pgd`` (and ``single_step``). Declaration and wiring
-only (``tasks/cells/adv_train.py``); data as in ``lazy_train``."""
+binary MNIST or digits. Produces "nets" for ``pgd`` (and ``single_step``); ``train_status`` marks a
+cell whose training returned the init. Declaration and wiring only (``tasks/cells/adv_train.py``);
+data as in ``lazy_train``."""
 
 from __future__ import annotations
 
@@ -38,6 +39,13 @@ V.update({
     "rta_train": Var("1", "robust training accuracy of the returned (best) iterate", finite=True),
     "best_epoch": Var("1", "round of the returned iterate (0 = W0)", "int64", finite=True),
     "epochs": Var("1", "SGD epochs run", "int64", finite=True),
+    # Issue 28 item 9: an untrained net must not feed E4's "RTA ≈ 0" as a lazy-trained one. Groups made
+    # before this variable hold no such array (or, resumed, the fill -1 in old cells): readers fall back
+    # on best_epoch == 0 (analysis/lazy.py: untrained).
+    "train_status": Var("1", f"{cell_fn.TRAINED} trained, {cell_fn.RETURNED_INIT} returned the init: the "
+                        "returned iterate is W0 (best round 0, e.g. a patience stop with robust train accuracy 0 "
+                        "at W0 and after one epoch); figures and E4/E5 rows leave status-1 nets out and count "
+                        "them", "int8", ok=(cell_fn.TRAINED,), finite=True),
     "rta_train_hist": Var("1", "robust training accuracy of W_{t-1} per round (NaN after the stop)", dims=("epoch",)),
     "C0": Var("1", "V √m", finite=True),
     "clean_acc": Var("1", "clean test accuracy of the returned net", finite=True),
@@ -89,5 +97,5 @@ EXPERIMENT = register(Experiment(
     params=P, variables=V, run_bundle=run_bundle, bundle_key=bundle_key, cost=cost, check=lazy.check,
     memory=memory, memory_fields=("m", "d"), extra_dims=extra_dims, produces=("nets",), rebuild=lazy.rebuild,
     nets=contract, nets_arrays=dict(lazy.NETS_ARRAYS, R_train=(), V_train=()),
-    summary=("rta_train", "clean_acc", "epochs", "C0_reached"), spec_ids=("E4", "E5", "X1", "X5"),
+    summary=("rta_train", "clean_acc", "epochs", "C0_reached", "train_status"), spec_ids=("E4", "E5", "X1", "X5"),
 ))

@@ -3,8 +3,11 @@ accuracy of the nets an ``adv_train`` (or ``lazy_train``) stage stored, under PG
 paper's step ``2.5 R/T2``. By default each net is attacked at the budget it was trained with
 (spec §6 #21). With ``points: train`` it attacks the nets' training points instead (any producer,
 ``unlearn`` included: forgotten and retained points apart). Random starts are seeded per cell (the
-attack seed, the upstream cell and R), never by a net's place in its bundle. Declaration and wiring
-only (``tasks/cells/pgd.py``)."""
+attack seed, the upstream cell and R), never by a net's place in its bundle. A net that adv_train
+returned untrained (its ``train_status`` 1) is attacked and stored like any other; the report reads
+that status beside this group's cells (``storage.query.stage_scalars``) and leaves such cells out of
+Fig 4 and E4 / E5, counting them (``analysis.lazy.untrained``). Declaration and wiring only
+(``tasks/cells/pgd.py``)."""
 
 from __future__ import annotations
 
