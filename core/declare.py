@@ -73,7 +73,6 @@ Result = dict[str, Any]  # variable name -> scalar or numpy array of the var's e
 # --- the nets contract: what a producer's cells hand a reading stage (ARCHITECTURE "Stages") ------
 BLOCKS = ("W", "b", "v")  # f(x) = sum_j v_j relu(w_j . x + b_j): the parameter blocks a net may train
 NET_ARRAYS = ("W", "b", "v", "X", "y")  # every stored net carries these (b, v zero / fixed where untrained)
-OPTIONAL_ARRAYS = ("W0", "b0", "X_test", "y_test", "forgotten")
 
 
 @dataclasses.dataclass(frozen=True)

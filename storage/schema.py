@@ -70,7 +70,7 @@ def template(exp: Experiment, grid: dict[str, list], extra_sizes: dict[str, int]
         chunks = (1,) * len(dims) + tuple(extra_sizes[x] for x in var.dims)
         dt = np.dtype(var.dtype)
         arr = da.full(vshape, fill_value(dt), dtype=dt, chunks=chunks)
-        attrs = {"units": var.units, "description": var.description}
+        attrs = {"long_name": long_name(var.description), "units": var.units, "description": var.description}
         if var.ok:
             attrs["ok_values"] = [int(v) for v in var.ok]
         if var.finite:
@@ -94,8 +94,38 @@ def template(exp: Experiment, grid: dict[str, list], extra_sizes: dict[str, int]
         if wanted:
             data_vars[name] = xr.Variable(dims, da.full(shape, NO_HASH, dtype=np.int64, chunks=(1,) * len(dims)),
                                           attrs={"units": "1", "description": description})
-    coords = {k: coord_values(v) for k, v in grid.items()}
-    return xr.Dataset(data_vars, coords=coords, attrs={VARIABLES: sorted(data_vars)})
+    for name, var in data_vars.items():
+        var.attrs.setdefault("long_name", long_name(var.attrs["description"]))
+    coords = {k: xr.Variable((k,), coord_values(v), attrs=_coord_attrs(exp, k)) for k, v in grid.items()}
+    return xr.Dataset(data_vars, coords=coords, attrs={VARIABLES: sorted(data_vars), **about(exp, grid)})
+
+
+def long_name(description: str) -> str:
+    """CF ``long_name``: the description's first clause (the whole text stays in ``description``)."""
+    head = description.split(";")[0].split(" (")[0].strip()
+    return head[:120] or description[:120]
+
+
+def _coord_attrs(exp: Experiment, dim: str) -> dict:
+    """A grid axis: its parameter's doc as ``long_name``, dimensionless ``units`` (CF "1")."""
+    prm = exp.params.get(dim)
+    doc = prm.doc if prm is not None and prm.doc else dim
+    return {"long_name": long_name(doc), "units": "1", "description": doc}
+
+
+def about(exp: Experiment, grid: dict[str, list]) -> dict:
+    """Global attributes that say what the group is, for readers without kktlab (CF's title,
+    source, references, and a README)."""
+    return {
+        "title": f"kktlab {exp.name}: {exp.description}",
+        "source": "kktlab, experiment " + exp.name,
+        "references": f"paper {exp.paper}",
+        "README": (f"One cell per point of the grid {' x '.join(grid)}; variables have the grid dims first, then "
+                   "their own. Use only cells with done == True and failed == False (and, where there is a "
+                   "'status' variable, a status among its ok_values attribute): storage.query.usable, the mask "
+                   "of kktlab's figures and tables. Each variable's description says what it holds and the "
+                   "spec equation it implements; the group attribute 'config' holds the config that made it."),
+    }
 
 
 def encoding(ds: xr.Dataset) -> dict:
