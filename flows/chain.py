@@ -34,6 +34,7 @@ from flows import result_cache
 from flows.result_cache import FAILED, HASH, REFUSED
 from flows.bundles import bundle_name, make_bundles, memory_budget
 from flows.progress import Progress
+from storage import runlock
 from storage.schema import UPSTREAM_HASH
 from storage.stale import read_another_version
 
@@ -84,6 +85,8 @@ class _Stage:
 
 class Scheduler:
     def __init__(self, stages, store_path: str, force: bool, retry_failed: bool):
+        """Open (or make) every stage's group and plan it. The run lock of every group is held
+        already (:func:`flows.sweep.run`, storage/runlock.py); its record gets this flow run here."""
         from flows.sweep import open_store, plan
 
         self.path, self.force, self.retry_failed = store_path, force, retry_failed
@@ -93,6 +96,7 @@ class Scheduler:
         self.done_q: queue.SimpleQueue = queue.SimpleQueue()
         self.workers = dask_specs.worker_count(stages[0].runner)
         by_name: dict[str, _Stage] = {}
+        runlock.note(store_path, [cfg.name for cfg in stages], _flow_run())  # whose lock it is, on the server
         for cfg in stages:
             store = open_store(cfg, store_path, cfg.runner["device"])
             stats = {"group": cfg.name, "store": str(store_path), "total": cfg.n_cells, "computed": 0,
@@ -209,6 +213,23 @@ class Scheduler:
         for st in self.stages:
             st.stats["wall_s"] = wall
         return [st.stats for st in self.stages]
+
+
+def _flow_run() -> dict:
+    """The Prefect flow run this run is part of, as the lock file records it: the root one (what
+    ``kktlab submit`` printed) and its page on the server, when known."""
+    try:
+        from prefect.runtime import flow_run
+        from prefect.settings import PREFECT_API_URL
+
+        run_id = flow_run.root_flow_run_id or flow_run.id
+        api = PREFECT_API_URL.value()
+    except Exception:  # noqa: BLE001 - outside a flow run, or the server is unreachable: not recorded
+        return {}
+    if not run_id:
+        return {}
+    url = f"{api.rstrip('/').removesuffix('/api')}/runs/flow-run/{run_id}" if api else None
+    return {"flow_run_id": str(run_id), "flow_run_url": url}
 
 
 def _on_done(fut, callback) -> None:

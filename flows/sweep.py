@@ -258,10 +258,21 @@ def execute_chain(stages: list[config_mod.Config], store_path: str, force: bool,
     return Scheduler(stages, store_path, force, retry_failed).run()
 
 
-def run(cfg, store_path: str, force: bool = False, retry_failed: bool = False):
+def run(cfg, store_path: str, force: bool = False, retry_failed: bool = False, wait: bool = False):
     """Run a validated config (a Config: its counts; a Chain: a list of counts, one per stage) on
-    its task runner, in one flow run (the Prefect API must already be set)."""
+    its task runner, in one flow run (the Prefect API must already be set).
+
+    Its groups are made (or checked) first, then the run lock of each is taken (storage/runlock.py)
+    and held until the flow run ends, whatever the way out: another run computing one of them
+    refuses this one in one line naming it, before any flow run or cluster starts, or, with
+    ``wait`` (``kktlab run --wait``), is waited for, and this run then skips the cells it stored."""
+    from storage import runlock
+
     runner = dask_specs.task_runner(cfg.runner)
     raw = dict(cfg.to_dict(), _text=cfg.text)
     raw.pop("store")
-    return sweep.with_options(task_runner=runner, flow_run_name=f"{cfg.name}")(raw, store_path, force, retry_failed)
+    one_run = sweep.with_options(task_runner=runner, flow_run_name=f"{cfg.name}")
+    for stage in cfg.stages:
+        open_store(stage, store_path, stage.runner["device"])
+    with runlock.hold(store_path, [stage.name for stage in cfg.stages], wait=wait):
+        return one_run(raw, store_path, force, retry_failed)

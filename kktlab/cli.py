@@ -123,7 +123,7 @@ def cmd_run(args) -> int:
                           file=sys.stderr)
                 # damaged cells are found (once) and named when each stage is planned (flows/sweep.py::plan)
                 with terminal_bars():  # live bars on a terminal (closed before the tables), else plain lines
-                    ran = run(cfg, store, force=args.force, retry_failed=args.retry_failed)
+                    ran = run(cfg, store, force=args.force, retry_failed=args.retry_failed, wait=args.wait)
                 for stage, stats in zip(cfg.stages, ran if isinstance(ran, list) else [ran]):
                     _print_stage(stage, store, stats, summary(open_results(store, stage.name),
                                                               variables=stage.exp.summary))
@@ -303,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--force", action="store_true", help="recompute and overwrite done cells")
     r.add_argument("--retry-failed", action="store_true", help="compute cells stored as failed again")
     r.add_argument("--json", help="write the run's statistics to this JSON file")
+    r.add_argument("--wait", action="store_true", help="wait for another run computing a group of the store to finish")
     r.add_argument("--max-cells", type=int, help="allow a grid of up to this many cells (runner.max_cells)")
     r.add_argument("--verbose", action="store_true", help="Prefect's and Dask's INFO logs (the local cluster's too)")
     r.set_defaults(fn=cmd_run)
@@ -333,8 +334,8 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("experiments", help="what can be run, with parameters")
     s.set_defaults(fn=cmd_experiments)
     tables.add_parser(sub)
-    s = sub.add_parser("report", help="the paper figures as PNG + index.md")
-    s.add_argument("store")
+    s = sub.add_parser("report", help="the paper figures as PNG + SVG, index.md and index.html")
+    s.add_argument("store", nargs="+", help="one or more stores (each one's figures in DIR/<store name>/)")
     s.add_argument("--out", required=True)
     s.set_defaults(fn=cmd_report)
     args = ap.parse_args(argv)

@@ -121,7 +121,7 @@ def watch(run_id, ui: str, no_worker_s: float = NO_WORKER_S, store: str | None =
             _summaries(store, stages, console)
         return 0
     message = (state.message or "").strip().splitlines()
-    print(f"kktlab: error: the flow run ended {state.name}" + (f": {message[0][:300]}" if message else "") +
+    print(f"kktlab: error: the flow run ended {state.name}" + (f": {message[0][:1000]}" if message else "") +
           f"; its logs: {ui}", file=sys.stderr)
     return 1
 

@@ -1,0 +1,187 @@
+"""One run at a time per group of a store (issue 29 item 11, issue 30 item 5).
+
+Two runs of one config on one store would keep the data right (no cell is written twice) but
+compute every pending cell twice. So a run holds, for as long as it computes, a lock on every
+group it writes: ``<store>.runlocks/<group>.lock`` beside the store (never inside it: the store
+holds kktlab's Zarr groups only, storage/foreign.py). The lock is ``fcntl.flock``: the kernel
+drops it when its holder dies, so a ``kill -9``'d run never blocks the next one (its record in
+the file is overwritten). The file records who holds it (pid, host, start time, command and,
+inside Prefect, the flow run and its UI page); a second run is refused in one line that names
+them, or with ``wait`` waits for the holder to finish and then finds its cells done.
+
+The groups of a chain are taken in one fixed order (sorted by name), so two waiting runs that
+share groups never hold one each and wait for the other. Readers (status, show, verify, report)
+never take the lock. The creation lock ``<store>.lock`` (storage/store.py) is another one: it
+serialises making groups, for a moment; this one spans the whole computation of a group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import errno
+import fcntl
+import json
+import os
+import pathlib
+import shlex
+import socket
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator
+
+from core.errors import StoreError
+
+SUFFIX = ".runlocks"  # the folder beside the store (shorter than '.checkpoints': kktlab/preflight.py)
+POLL_S = 0.5  # how often a waiting run tries again
+SAY_EVERY_S = 30.0  # how often a waiting run says it still waits
+SETTLE_S = 2.0  # how long a refusal waits for a holder that has just taken the lock to record itself
+_HELD: dict[pathlib.Path, tuple[int, dict]] = {}  # the locks this process holds: lock file -> (fd, record)
+
+
+def lock_path(store: str | os.PathLike, group: str) -> pathlib.Path:
+    """The lock file of ``group`` of the store at ``store``."""
+    return pathlib.Path(str(store) + SUFFIX) / f"{group}.lock"
+
+
+def holder(store: str | os.PathLike, group: str) -> dict:
+    """What the lock file of ``group`` records of its last holder ({} when nothing); it says who
+    holds the lock only while the lock is held (a reader never takes it)."""
+    try:
+        text = lock_path(store, group).read_text()
+        info = json.loads(text) if text.strip() else {}
+    except (OSError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+def describe(info: dict) -> str:
+    """``pid 123@host since 2025-06-01 12:00:03 UTC, flow run URL`` (what is known of it)."""
+    who = f"pid {info.get('pid', '?')}@{info.get('host', '?')}"
+    if info.get("started"):
+        who += f" since {str(info['started']).replace('T', ' ').removesuffix('Z')} UTC"
+    run = info.get("flow_run_url") or info.get("flow_run_id")
+    return who + (f", flow run {run}" if run else "")
+
+
+def refusal(store: str | os.PathLike, group: str, info: dict) -> str:
+    """The one line a run that finds ``group`` locked stops with."""
+    who = describe(info) if info else "a run that has not recorded itself"
+    return (f"group '{group}' of store {store} is being computed by another run ({who}); "
+            "rerun with --wait to wait for it")
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _alive(info: dict) -> bool:
+    """The recorded holder may hold the lock: it is on another host, or a live process here."""
+    if not info.get("pid"):
+        return False
+    if info.get("host") != socket.gethostname():
+        return True
+    try:
+        os.kill(int(info["pid"]), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, ValueError, OverflowError):
+        return True
+    return True
+
+
+def _try(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except OSError as err:
+        if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            return False
+        raise
+
+
+def _take(store, group: str, wait: bool, about: dict, say: Callable[[str], None], poll_s: float,
+          say_every_s: float) -> int | None:
+    """Lock ``group``; the open lock file (None where the file system cannot lock: said once)."""
+    path = lock_path(store, group)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by processes started later
+    try:
+        t0 = time.monotonic()
+        said = None
+        while True:
+            try:
+                if _try(fd):
+                    break
+            except OSError as err:  # e.g. ENOLCK: a network file system without locks
+                say(f"[kktlab] warning: cannot lock {path} ({err.strerror}): nothing stops another run "
+                    f"from computing the cells of group '{group}' at the same time")
+                os.close(fd)
+                return None
+            info = holder(store, group)
+            if not wait:
+                if not _alive(info) and time.monotonic() - t0 < SETTLE_S:  # the holder is writing its record
+                    time.sleep(0.05)
+                    continue
+                raise StoreError(refusal(store, group, info if _alive(info) else {}))
+            now = time.monotonic()
+            if said is None or now - said >= say_every_s:
+                waited = f" ({now - t0:.0f} s so far)" if said is not None else ""
+                say(f"[kktlab] waiting for the run computing group '{group}' of {store} "
+                    f"({describe(info) if _alive(info) else 'not recorded yet'}) to finish{waited}")
+                said = now
+            time.sleep(poll_s)
+        if said is not None:
+            say(f"[kktlab] group '{group}' of {store} is free after {time.monotonic() - t0:.0f} s; this run goes on")
+        record = {"pid": os.getpid(), "host": socket.gethostname(),
+                  "started": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                  "command": shlex.join(sys.argv)[:1000], "store": str(store), "group": group,
+                  **{k: v for k, v in about.items() if v}}
+        _write(fd, record)
+        _HELD[path] = (fd, record)
+        return fd
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        raise
+
+
+def _write(fd: int, record: dict) -> None:
+    """The record, in place (a new file renamed over it would be another lock)."""
+    data = (json.dumps(record, indent=1) + "\n").encode()
+    os.pwrite(fd, data, 0)
+    os.ftruncate(fd, len(data))
+
+
+def note(store: str | os.PathLike, groups: Iterable[str], about: dict) -> None:
+    """Add ``about`` (e.g. the flow run, known once it started) to the records of the locks of
+    ``groups`` this process holds; groups it does not hold are left alone."""
+    for group in groups:
+        path = lock_path(store, group)
+        if path in _HELD and about:
+            fd, record = _HELD[path]
+            record.update((k, v) for k, v in about.items() if v)
+            _write(fd, record)
+
+
+@contextlib.contextmanager
+def hold(store: str | os.PathLike, groups: Iterable[str], *, wait: bool = False, about: dict | None = None,
+         say: Callable[[str], None] = _say, poll_s: float = POLL_S, say_every_s: float = SAY_EVERY_S) -> Iterator[None]:
+    """Hold the run lock of every group of ``groups`` of ``store`` (taken in sorted order) for the
+    body, released on every way out. A group another run holds: :class:`StoreError` in one line
+    naming its holder, before anything is locked for long (the groups taken are released), or,
+    with ``wait``, wait for it (a line every ``say_every_s``). ``about``: what else to record of
+    this run (``flow_run_id``, ``flow_run_url``)."""
+    fds: list[int] = []
+    try:
+        for group in sorted(set(groups)):
+            fd = _take(store, group, wait, about or {}, say, poll_s, say_every_s)
+            if fd is not None:
+                fds.append(fd)
+        yield
+    finally:
+        for fd in reversed(fds):
+            for path in [p for p, (held, _) in _HELD.items() if held == fd]:
+                del _HELD[path]
+            with contextlib.suppress(OSError):
+                os.close(fd)  # closing the file drops its flock
