@@ -75,6 +75,7 @@ RUNNER = {
     "max_cells": Param(int, 100_000, "most grid cells (each is a dict in memory and a Prefect task input; "
                        "--max-cells raises it)", min=1),
 }
+CELLS_HARD_LIMIT = 10**7  # values one range / linspace axis may give (checked before it is expanded)
 
 
 @dataclasses.dataclass
@@ -149,10 +150,45 @@ class Config:
         return list(self.iter_cells())
 
     def to_dict(self) -> dict:
-        grid = {axis: [{axis: v, **self.cases[axis][v]} if v in self.cases.get(axis, {}) else v for v in vals]
+        """The config as :func:`parse` reads it back; a long integer axis in steps of one stride as
+        ``{range: [start, stop, step]}`` (the flow's parameters stay small for 10^5-cell grids)."""
+        grid = {axis: as_range(vals) or [{axis: v, **self.cases[axis][v]} if v in self.cases.get(axis, {}) else v
+                                          for v in vals]
                 for axis, vals in self.grid.items()}
         return {"experiment": self.experiment, "name": self.name, "store": self.store, "grid": grid,
                 "params": self.params, "runner": self.runner, "description": self.description}
+
+
+def axis_values(field: str, values: Any) -> Any:
+    """A grid axis as written: a list, or ``{range: [start, stop]}`` / ``{range: [start, stop, step]}``
+    (integers, stop excluded, as Python's range) or ``{linspace: [first, last, n]}`` (n floats)."""
+    if not (isinstance(values, dict) and len(values) == 1 and set(values) <= {"range", "linspace"}):
+        return values
+    kind, args = next(iter(values.items()))
+    ints = kind == "range"
+    if not (isinstance(args, list) and len(args) in ((2, 3) if ints else (3,))
+            and all(isinstance(a, int if ints else (int, float)) and not isinstance(a, bool) for a in args)):
+        raise ConfigError(f"{field}.{kind}", "write range: [start, stop] or [start, stop, step] (integers)" if ints
+                          else "write linspace: [first, last, n] (numbers, n an integer)")
+    n = len(range(*args)) if ints and args[-1] != 0 else args[2] if not ints else 0
+    if not ints and not isinstance(args[2], int):
+        raise ConfigError(f"{field}.linspace", "n (the third value) must be an integer")
+    if not 0 < n <= CELLS_HARD_LIMIT:
+        raise ConfigError(f"{field}.{kind}", f"gives {n:,} values; allowed: 1 to {CELLS_HARD_LIMIT:,}")
+    if ints:
+        return list(range(*args))
+    first, last, n = args
+    return [first + (last - first) * i / (n - 1) if n > 1 else float(first) for i in range(n)]
+
+
+def as_range(values: list) -> dict | None:
+    """``{range: [start, stop, step]}`` for 16 or more integers in steps of one nonzero stride."""
+    if len(values) < 16 or not all(type(v) is int for v in values):
+        return None
+    step = values[1] - values[0]
+    if step == 0 or any(b - a != step for a, b in zip(values, values[1:])):
+        return None
+    return {"range": [values[0], values[-1] + step, step]}
 
 
 def coerce(field: str, p: Param, value: Any) -> Any:
@@ -277,6 +313,7 @@ def parse_one(raw: dict, text: str = "", source: str | None = None) -> Config:
         f = f"grid.{key}"
         if key not in exp.params:
             raise ConfigError(f, f"unknown parameter of '{name}'; allowed: " + ", ".join(exp.params))
+        values = axis_values(f, values)
         if not isinstance(values, list):
             raise ConfigError(f, f"grid values must be a list, got {type(values).__name__} (fixed values go in params)")
         if not values:

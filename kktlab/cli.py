@@ -85,6 +85,11 @@ def cmd_run(args) -> int:
     stores = [cfg.store_path(args.store) for cfg in cfgs]
     for store in stores:
         preflight.store(store, "--store" if args.store else "store")
+    if args.dry_run:
+        from kktlab.plan import print_plan
+
+        print_plan(cfgs, stores)
+        return 0
     check_prefect_api()
     from deploy.probe import check_scheduler
 
@@ -303,6 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--force", action="store_true", help="recompute and overwrite done cells")
     r.add_argument("--retry-failed", action="store_true", help="compute cells stored as failed again")
     r.add_argument("--json", help="write the run's statistics to this JSON file")
+    r.add_argument("--dry-run", action="store_true", help="print cells, bundles, files and bytes; start nothing")
     r.add_argument("--wait", action="store_true", help="wait for another run computing a group of the store to finish")
     r.add_argument("--max-cells", type=int, help="allow a grid of up to this many cells (runner.max_cells)")
     r.add_argument("--verbose", action="store_true", help="Prefect's and Dask's INFO logs (the local cluster's too)")

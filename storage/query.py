@@ -100,8 +100,8 @@ def usable(ds: xr.Dataset, ok: tuple | None = None) -> xr.DataArray:
     return mask
 
 
-def summary_frame(ds: xr.Dataset, over: str = "seed", variables: tuple = (), ok: tuple | None = None):
-    """Scalar variables averaged over ``over`` (when it is a dim) on the usable cells only (see
+def summary_frame(ds: xr.Dataset, over: str | tuple = "seed", variables: tuple = (), ok: tuple | None = None):
+    """Scalar variables averaged over ``over`` (the dims of it that the group has) on the usable cells only (see
     :func:`usable`; ``ok`` overrides the status values kept), as a pandas DataFrame. ``n_used``
     counts the cells each row averages; infinite values are left out of the means and counted in
     ``<var>_n_inf`` (only for variables that have any)."""
@@ -117,7 +117,8 @@ def summary_frame(ds: xr.Dataset, over: str = "seed", variables: tuple = (), ok:
         if inf is not None and bool(inf.any()):
             sub[f"{v}_n_inf"] = inf.astype(int)
             sub[v] = sub[v].where(~inf)
-    if over in sub.dims:
+    over = [d for d in ((over,) if isinstance(over, str) else over) if d in sub.dims]
+    if over:
         counts = [c for c in sub.data_vars if c == "n_used" or c.endswith("_n_inf")]
         sub = sub.drop_vars(counts).mean(over, skipna=True).merge(sub[counts].sum(over))
     return sub.to_dataframe() if sub.sizes else sub.to_pandas().to_frame("mean").T
@@ -125,9 +126,21 @@ def summary_frame(ds: xr.Dataset, over: str = "seed", variables: tuple = (), ok:
 
 def summary(ds: xr.Dataset, over: str = "seed", max_rows: int | None = 60, variables: tuple = (),
             ok: tuple | None = None) -> str:
-    """:func:`summary_frame` as a text table: every row up to ``max_rows`` (None: all); past it the
-    first ``max_rows`` and a line saying how many more there are (never cut silently)."""
-    df = summary_frame(ds, over, variables, ok)
+    """:func:`summary_frame` as a text table: every row up to ``max_rows`` (None: all). A grid with
+    more rows is averaged over its last axes too until it fits (issue 33 item 5: a 10^5-cell sweep
+    ends with a short table, not 10^5 rows), saying so; past ``max_rows`` still (one long axis), the
+    first rows and a line saying how many more there are (never cut silently)."""
+    dims = list(ds[schema.DONE].dims)
+    over = [over] if isinstance(over, str) else list(over)
+    note = ""
+    if max_rows is not None:
+        kept = [d for d in dims if d not in over]
+        while kept and np.prod([ds.sizes[d] for d in kept]) > max_rows and len(kept) > 1:
+            over.append(kept.pop())
+        if len(over) > 1 and any(d in dims for d in over[1:]):
+            note = (f"\n(means over {', '.join(d for d in over if d in dims)}: n_used counts the cells of each row; "
+                    "every cell: kktlab table STORE GROUP --over '')")
+    df = summary_frame(ds, tuple(over), variables, ok)
     more = len(df) - max_rows if max_rows is not None and len(df) > max_rows else 0
     if more:
         df = df.head(max_rows)
@@ -136,7 +149,8 @@ def summary(ds: xr.Dataset, over: str = "seed", max_rows: int | None = 60, varia
     with pd.option_context("display.width", 200, "display.max_columns", 14, "display.precision", 4,
                            "display.max_rows", None):
         text = df.to_string()
-    return text + (f"\n... {more} more rows (of {len(df) + more}): `kktlab show STORE` prints them all" if more else "")
+    return text + note + (f"\n... {more} more rows (of {len(df) + more}): `kktlab show STORE` prints them all"
+                          if more else "")
 
 
 def fixed_params(ds: xr.Dataset) -> dict:

@@ -69,7 +69,9 @@ def template(exp: Experiment, grid: dict[str, list], extra_sizes: dict[str, int]
         vshape = shape + tuple(extra_sizes[x] for x in var.dims)
         chunks = (1,) * len(dims) + tuple(extra_sizes[x] for x in var.dims)
         dt = np.dtype(var.dtype)
-        arr = da.full(vshape, fill_value(dt), dtype=dt, chunks=chunks)
+        # one dask chunk per variable (a graph of a task per variable, not per cell: a 10^5-cell grid is
+        # created in seconds, issue 33); the Zarr chunks, one per cell, are set by ``encoding``
+        arr = da.full(vshape, fill_value(dt), dtype=dt, chunks=vshape)
         attrs = {"long_name": long_name(var.description), "units": var.units, "description": var.description}
         if var.ok:
             attrs["ok_values"] = [int(v) for v in var.ok]
@@ -77,13 +79,14 @@ def template(exp: Experiment, grid: dict[str, list], extra_sizes: dict[str, int]
             attrs[FINITE] = True
         if var.pad is not None:
             attrs[PAD] = float(var.pad)
-        data_vars[name] = xr.Variable(vdims, arr, attrs=attrs)
+        data_vars[name] = xr.Variable(vdims, arr, attrs=attrs, encoding={"chunks": chunks})
+    cell = {"chunks": (1,) * len(dims)}
     data_vars[DONE] = xr.Variable(
-        dims, da.zeros(shape, dtype=bool, chunks=(1,) * len(dims)),
+        dims, da.zeros(shape, dtype=bool, chunks=shape), encoding=cell,
         attrs={"units": "1", "description": "True once every variable of the cell is written"},
     )
     data_vars[FAILED] = xr.Variable(
-        dims, da.zeros(shape, dtype=bool, chunks=(1,) * len(dims)),
+        dims, da.zeros(shape, dtype=bool, chunks=shape), encoding=cell,
         attrs={"units": "1", "description": "True if computing the cell raised (group attr kktlab_failures "
                                             "has the error); its variables hold the fill value"},
     )
@@ -92,8 +95,8 @@ def template(exp: Experiment, grid: dict[str, list], extra_sizes: dict[str, int]
               UPSTREAM_HASH: (bool(exp.reads), "cell_hash of the upstream cell this cell read (-1: none recorded)")}
     for name, (wanted, description) in hashes.items():
         if wanted:
-            data_vars[name] = xr.Variable(dims, da.full(shape, NO_HASH, dtype=np.int64, chunks=(1,) * len(dims)),
-                                          attrs={"units": "1", "description": description})
+            data_vars[name] = xr.Variable(dims, da.full(shape, NO_HASH, dtype=np.int64, chunks=shape),
+                                          attrs={"units": "1", "description": description}, encoding=cell)
     for name, var in data_vars.items():
         var.attrs.setdefault("long_name", long_name(var.attrs["description"]))
     coords = {k: xr.Variable((k,), coord_values(v), attrs=_coord_attrs(exp, k)) for k, v in grid.items()}
@@ -132,7 +135,7 @@ def encoding(ds: xr.Dataset) -> dict:
     checksummed = (ZstdCodec(level=0), Crc32cCodec())  # zarr's default compressor, then the checksum
     enc = {name: {"compressors": checksummed} for name in ds.coords}
     for name, var in ds.data_vars.items():
-        enc[name] = {"chunks": tuple(c[0] for c in var.chunks), "compressors": checksummed}
+        enc[name] = {"chunks": var.encoding["chunks"], "compressors": checksummed}
         if np.dtype(var.dtype).kind in "fiu":  # unwritten chunks read as the template's fill (int: -1,
             enc[name]["fill_value"] = fill_value(var.dtype)  # not zarr's default 0 = "running")
     return enc

@@ -23,3 +23,16 @@ def test_past_the_limit_the_rest_is_counted():
     text = summary(_grid(80), max_rows=60)
     assert text.rstrip().endswith("`kktlab show STORE` prints them all") and "20 more rows (of 80)" in text
     assert "more rows" not in summary(_grid(80), max_rows=None)
+
+
+def test_a_large_grid_is_averaged_over_its_last_axes_until_it_fits():
+    """Issue 33 item 5: 10 x 20 x 3 cells end in 10 rows (means over seed, then b), counted, and say so."""
+    ds = xr.Dataset({"c": (("a", "b", "seed"), np.arange(600.0).reshape(10, 20, 3)),
+                     "done": (("a", "b", "seed"), np.ones((10, 20, 3), bool))},
+                    coords={"a": np.arange(10), "b": np.arange(20), "seed": np.arange(3)})
+    text = summary(ds, max_rows=60)
+    lines = [ln for ln in text.splitlines() if ln.strip()[:1].isdigit()]
+    assert len(lines) == 10 and all(ln.split()[-1] == "60" for ln in lines)  # n_used: 20 x 3 cells a row
+    assert float(lines[0].split()[1]) == np.arange(60.0).mean()
+    assert "means over seed, b" in text and "more rows" not in text
+    assert len(summary(ds, max_rows=None).splitlines()) > 200  # show: every cell's row
