@@ -10,7 +10,7 @@ import pathlib
 import numpy as np
 import xarray as xr
 
-from analysis.common import finish, plt
+from analysis.common import REFERENCE, finish, plt
 from storage.query import usable
 
 SLOPE = {"med_delta_rel": -0.5, "med_gnorm": 0.5, "med_eta_star": -1.0, "med_eta_rel": -1.0}
@@ -102,7 +102,7 @@ def _panels(ds: xr.Dataset, out: pathlib.Path, prefix: str, by: str, fixed: dict
         c = g_shape(d, top, SLOPE[var])
         ax.loglog(d, c * d ** SLOPE[var], "g--", label=f"G-shape {c:.3g} d^{SLOPE[var]:g}")
         for lab, y in _g_init(var, d):
-            ax.loglog(d, y, "g:", label=lab)
+            ax.loglog(d, y, "g:", label=lab, gid=REFERENCE)
         if var == "med_eta_star" and "med_t_thm" in sub:  # G-plugin: the theorem's step 2|f|/((1-ρ)||∇f||²)
             plug = _mean(sub, "med_t_thm", ("d", by)).sel({by: da[by].values.max()}).values
             ax.loglog(d, plug, "g-.", label="G-plugin (median t_thm)")
@@ -167,7 +167,7 @@ def pgd_figures(ds: xr.Dataset, out: pathlib.Path, prefix: str) -> list[pathlib.
         im = ax.pcolormesh(np.sqrt(da["d"].values), da["R"].values, da.transpose("R", "d").values, vmin=0, vmax=1,
                            shading="nearest")
         k = np.sqrt(da["d"].values.astype(float))
-        ax.plot(k, 5 / k, "g--", label="5/√d")
+        ax.plot(k, 5 / k, "g--", label="5/√d", gid=REFERENCE)
         fig.colorbar(im, ax=ax, label="robust test accuracy")
         ax.set_xlabel("√d")
         ax.set_ylabel("||δ||")
@@ -178,7 +178,7 @@ def pgd_figures(ds: xr.Dataset, out: pathlib.Path, prefix: str) -> list[pathlib.
         im = ax.pcolormesh(da["m"].values, da["V"].values, da.transpose("V", "m").values, vmin=0, vmax=1,
                            shading="nearest")
         m = da["m"].values.astype(float)
-        ax.plot(m, 25 / np.sqrt(m), "g--", label="25/√m")
+        ax.plot(m, 25 / np.sqrt(m), "g--", label="25/√m", gid=REFERENCE)
         ax.set_xscale("log")
         fig.colorbar(im, ax=ax, label="robust test accuracy")
         ax.set_xlabel("m")

@@ -21,7 +21,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import xarray as xr  # noqa: E402
 
-from analysis.common import finish  # noqa: E402
+from analysis.common import REFERENCE, finish  # noqa: E402
 from storage.query import usable  # noqa: E402
 from tasks.train import CONVERGED, STATUS_NAMES  # noqa: E402
 
@@ -122,7 +122,7 @@ def draw(ds: xr.Dataset, var: str, ylabel: str, sqrt_line: bool = False, x: str 
                             color=cont.lines[0].get_color())
     if sqrt_line:
         xs = np.asarray(ds[x].values, dtype=float)
-        ax.plot(xs, np.sqrt(xs), "k--", lw=1, label=r"$\sqrt{d}$")
+        ax.plot(xs, np.sqrt(xs), "k--", lw=1, label=r"$\sqrt{d}$", gid=REFERENCE)
     ax.set_xlabel(x)
     ax.set_ylabel(ylabel)
     return fig, ax, drawn

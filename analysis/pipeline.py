@@ -64,7 +64,7 @@ def figure(g: str, exp: str, ds: xr.Dataset, out: pathlib.Path) -> pathlib.Path 
     fig, ax = plt.subplots(figsize=(5.0, 3.4))
     alphas = ds.alpha.values
     for i, method in enumerate(ds.method.values):
-        colour = plt.cm.tab10(i)
+        colour = f"C{i}"  # the project palette (analysis/kktlab.mplstyle)
         for s, style, what in ((f, "-", "forgotten"), (r, "--", "retained")):
             m = s["mean"].sel({"method": method}).values  # sel(method=...) is xarray's fill method
             h = s["half"].sel({"method": method}).values

@@ -1,13 +1,18 @@
-"""``kktlab report STORE --out DIR``: every paper figure a store can draw, as PNG + index.md, and
-the acceptance table of every paper claim the store has data for (also echoed to the terminal)."""
+"""``kktlab report STORE [STORE ...] --out DIR``: every paper figure the stores can draw, as PNG
+(300 dpi) with an SVG twin beside it, ``index.md`` and ``index.html`` (captions, configs,
+provenance), and the acceptance table of every paper claim the stores have data for (also echoed
+to the terminal). A figure without data is not drawn; the report says so instead."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import pathlib
 from typing import Callable
 
 from analysis import acceptance as acc
+from analysis import common
+from kktlab import report_html
 from storage.query import groups, open_results, provenance, stage_scalars, status
 
 # What each experiment draws and judges is in its declaration (core.declare.Experiment.figures /
@@ -15,6 +20,21 @@ from storage.query import groups, open_results, provenance, stage_scalars, statu
 # modules in analysis/ with ``store_acceptance(store) -> [Row]``: claims that compare several groups of one
 # store per test point (paper 003 X3: single step vs DeepFool vs PGD on the same nets)
 STORE_ACCEPTANCE = ("analysis.acceptance_003",)
+
+
+@dataclasses.dataclass
+class Section:
+    """One group of one store (or a store's cross-group part) as the HTML page shows it."""
+    store: str
+    title: str
+    info: dict = dataclasses.field(default_factory=dict)  # provenance and cells done
+    config: str = ""
+    rows: list = dataclasses.field(default_factory=list)  # acceptance rows
+    about: str = ""  # what the paper's figures show: the analysis module's docstring
+    notes: list = dataclasses.field(default_factory=list)  # markdown lines: seeds per point, left out
+    figures: list = dataclasses.field(default_factory=list)  # (path relative to out, caption)
+    not_drawn: list = dataclasses.field(default_factory=list)  # (file name, why)
+    text: str = ""  # a line in place of figures (e.g. none registered)
 
 
 def _declared(exp: str):
@@ -29,60 +49,111 @@ def acceptance_rows(ds) -> list[acc.Row]:
     return importlib.import_module(decl.acceptance).acceptance(ds) if decl and decl.acceptance else []
 
 
-def report(store: str | pathlib.Path, out: str | pathlib.Path,
-           echo: Callable[[str], None] | None = None) -> list[pathlib.Path]:
-    """Draw every figure of every group of ``store`` into ``out``, write ``out/index.md`` with the
-    figures, seed counts and acceptance tables; ``echo`` (e.g. ``print``) gets the tables as text."""
-    out = pathlib.Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    echo = echo or (lambda line: None)
+def _drawn(figs, section: Section, out: pathlib.Path, lines: list[str]) -> list[pathlib.Path]:
+    """The figures ``figs`` that were written (their captions and SVG twins to ``section``); those
+    not drawn are named in ``lines`` with why."""
+    not_drawn, captions = common.take_records()
+    kept = [f for f in figs if f.exists()]
+    for f in kept:
+        section.figures.append((f.relative_to(out).as_posix(), captions.get(f.name, "")))
+        lines.append(f"![{f.stem}]({f.relative_to(out).as_posix()})")
+    for name, why in not_drawn:
+        section.not_drawn.append((name, why))
+        lines.append(f"- not drawn: `{name}`: {why}")
+    return kept
+
+
+def _store(store, out: pathlib.Path, fig_dir: pathlib.Path, echo) -> tuple[list[str], list[Section], list]:
+    """index.md lines, HTML sections and the PNG paths of one store, its figures in ``fig_dir``."""
+    fig_dir.mkdir(parents=True, exist_ok=True)
     paths: list[pathlib.Path] = []
+    sections: list[Section] = []
     lines = [f"# kktlab report for `{store}`", ""]
     done = {r["group"]: r for r in status(store)}
+    common.take_records()
     for g in groups(store):
         ds = stage_scalars(store, g)
         exp = ds.attrs.get("kktlab_experiment", "?")
         prov = provenance(ds)
+        sec = Section(str(store), f"{g} ({exp})", config=str(ds.attrs.get("config", "")),
+                      info={"cells done": f"{done[g]['done']}/{done[g]['total']}", **prov})
+        sections.append(sec)
         lines += [f"## {g} ({exp})", "",
                   f"cells done {done[g]['done']}/{done[g]['total']}, git {prov.get('git_commit')}, "
                   f"device {prov.get('device')}, created {prov.get('created')}", ""]
-        rows = acceptance_rows(ds)
+        sec.rows = rows = acceptance_rows(ds)
         if rows:
             lines += ["### Acceptance", "", acc.markdown(rows), ""]
             echo(f"== {g} ({exp}): acceptance")
             echo(acc.text(rows))
         decl = _declared(exp)
         if decl and decl.produces and not decl.figures:
-            lines += ["(its nets are drawn with the stages that read them)", ""]
+            sec.text = "(its nets are drawn with the stages that read them)"
+            lines += [sec.text, ""]
             continue
         if not decl or not decl.figures:
-            lines += ["(no figures registered for this experiment)", ""]
+            sec.text = "(no figures registered for this experiment)"
+            lines += [sec.text, ""]
             continue
         module = importlib.import_module(decl.figures)
-        figs = module.figures(ds, out, prefix=f"{g}_")
+        sec.about = (module.__doc__ or "").strip()
+        figs = module.figures(ds, fig_dir, prefix=f"{g}_")
         if hasattr(module, "sample_figures"):  # figures from per-sample variables (paper 003 Fig 7)
-            figs += module.sample_figures(open_results(store, g), out, prefix=f"{g}_")
-        notes = module.notes(ds) if hasattr(module, "notes") else []
+            figs += module.sample_figures(open_results(store, g), fig_dir, prefix=f"{g}_")
+        sec.notes = notes = module.notes(ds) if hasattr(module, "notes") else []
         if notes:
             lines += ["### Seeds per point", "", *notes]
             echo(f"== {g} ({exp}): {notes[0]}")
-        for f in figs:
-            lines.append(f"![{f.stem}]({f.name})")
+        paths += _drawn(figs, sec, out, lines)
         lines.append("")
-        paths += figs
     from analysis import pipeline
 
-    figs, chain_lines = pipeline.store_figures(store, out)  # the cross-paper chain (issue 27)
+    figs, chain_lines = pipeline.store_figures(store, fig_dir)  # the cross-paper chain (issue 27)
     if chain_lines:
-        lines += chain_lines
-        paths += figs
+        sec = Section(str(store), "the chain: forgotten vs retained points",
+                      notes=[ln for ln in chain_lines if not ln.startswith(("#", "!["))])
+        sections.append(sec)
+        lines += [ln for ln in chain_lines if not ln.startswith("![")]
+        paths += _drawn(figs, sec, out, lines)
+        lines.append("")
         echo("== the chain: forgotten vs retained points")
         echo("\n".join(line for line in chain_lines if line.startswith("|")))
     rows = [r for name in STORE_ACCEPTANCE for r in importlib.import_module(name).store_acceptance(store)]
     if rows:
+        sections.append(Section(str(store), "across groups", rows=rows))
         lines += ["## Across groups", "", "### Acceptance", "", acc.markdown(rows), ""]
         echo("== across groups: acceptance")
         echo(acc.text(rows))
+    return lines, sections, paths
+
+
+def report(store, out: str | pathlib.Path, echo: Callable[[str], None] | None = None) -> list[pathlib.Path]:
+    """Draw every figure of every group of ``store`` (one path, or a list of them) into ``out``, write
+    ``out/index.md`` and ``out/index.html`` with the figures, captions, seed counts, configs,
+    provenance and acceptance tables; ``echo`` (e.g. ``print``) gets the tables as text. Of several
+    stores, each one's figures go to ``out/<store name>/``. Returns the PNGs written (each has its
+    ``.svg`` twin beside it), ``index.md`` and ``index.html``."""
+    out = pathlib.Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    echo = echo or (lambda line: None)
+    stores = [store] if isinstance(store, (str, pathlib.Path)) else list(store)
+    paths: list[pathlib.Path] = []
+    lines: list[str] = []
+    sections: list[Section] = []
+    used: set[str] = set()
+    for s in stores:
+        sub = ""
+        if len(stores) > 1:  # a folder per store: the same group names in two stores do not collide
+            sub = pathlib.Path(s).name.removesuffix(".zarr") or "store"
+            while sub in used:
+                sub += "_"
+            used.add(sub)
+        more, secs, figs = _store(s, out, out / sub if sub else out, echo)
+        lines += more
+        sections += secs
+        paths += figs
     index = out / "index.md"
     index.write_text("\n".join(lines))
-    return paths + [index]
+    page = out / "index.html"
+    page.write_text(report_html.page([str(s) for s in stores], sections))
+    return paths + [index, page]

@@ -139,7 +139,10 @@ PNGS = [f"{g}_{stem}.png" for g in ("fig1a", "good", "widthgap") for stem in
 
 def test_report_writes_exactly_the_expected_files(built):
     _, out, paths, _ = built
-    assert sorted(p.name for p in paths) == sorted(PNGS + ["index.md"])
+    assert sorted(p.name for p in paths) == sorted(PNGS + ["index.md", "index.html"])
+    # each PNG has its SVG twin beside it (not listed: it is the PNG's name with .svg), and nothing else is written
+    svgs = [name.removesuffix(".png") + ".svg" for name in PNGS]
+    assert sorted(f.name for f in out.iterdir()) == sorted(PNGS + svgs + ["index.md", "index.html"])
 
 
 @pytest.mark.parametrize("name", PNGS)
