@@ -31,6 +31,7 @@ from core.errors import UserError
 from deploy import dask as dask_specs
 from flows import checkpoint as checkpoint_io
 from flows import result_cache
+from flows import run_ui
 from flows.result_cache import FAILED, HASH, REFUSED
 from flows.bundles import bundle_name, make_bundles, memory_budget
 from flows.progress import Progress
@@ -97,6 +98,7 @@ class Scheduler:
         self.workers = dask_specs.worker_count(stages[0].runner)
         by_name: dict[str, _Stage] = {}
         runlock.note(store_path, [cfg.name for cfg in stages], _flow_run())  # whose lock it is, on the server
+        run_ui.label(store_path, stages)  # the root run's name and tags (flows/run_ui.py)
         for cfg in stages:
             store = open_store(cfg, store_path, cfg.runner["device"])
             stats = {"group": cfg.name, "store": str(store_path), "total": cfg.n_cells, "computed": 0,
@@ -165,6 +167,7 @@ class Scheduler:
                 fut = fn.submit(cfg.experiment, cells, device, ckpt if cfg.exp.checkpoints else None, cpath, key,
                                 inputs, target, wait_for=wait_for or None)
             self.futures[fut] = (st, b, ckpt, cpath)
+            st.writer.progress.running()  # its inputs are stored, its priority is the highest queued: its clock starts
             _on_done(fut, self.done_q.put)
 
     def _release(self, st: _Stage, bundle, fut) -> None:
@@ -212,6 +215,8 @@ class Scheduler:
         wall = time.perf_counter() - self.t0
         for st in self.stages:
             st.stats["wall_s"] = wall
+        run_ui.finish(self.path, [st.stats for st in self.stages], [st.cfg.experiment for st in self.stages],
+                      [st.writer.progress.line().removeprefix("[kktlab] ") for st in self.stages if st.writer])
         return [st.stats for st in self.stages]
 
 

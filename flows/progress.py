@@ -1,15 +1,15 @@
 """Progress of a sweep, per stage: cells done / total, ETA, cells from cache, cells failed, where
-users look (issue 17): terminal lines, Prefect log lines of the run ``kktlab submit`` / ``kktlab
-run`` printed (the root flow run, so a served sweep's subflow shows in its parent), and two
-artifacts of that run under stable keys (``kktlab-<store>-<stage>`` markdown text,
-``...-progress`` percent), updated as cells are stored (the store is the truth; the UI is best effort)."""
+users look (issues 17, 30): terminal lines, Prefect log lines of the run ``kktlab submit`` / ``kktlab
+run`` printed (the root flow run, so a served sweep's subflow shows in its parent), and that run's
+progress card per stage, updated in place (flows/run_ui.py; the store is the truth, the UI best
+effort). A stage's clock starts at its first running bundle (:meth:`Progress.running`), not at the
+flow's start: a downstream stage's wait for its upstream is not counted in its elapsed time or ETA."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import logging
-import pathlib
 import re
 import sys
 import time
@@ -83,8 +83,9 @@ def sink(fn: Callable[[Event], None]):
 
 def artifact_key(store: str, stage: str) -> str:
     """``kktlab-<store name>-<stage>``: lowercase letters, digits and dashes (Prefect's rule)."""
-    name = pathlib.Path(str(store)).name.removesuffix(".zarr")
-    return re.sub(r"[^a-z0-9-]+", "-", f"kktlab-{name}-{stage}".lower()).strip("-")[:100]
+    from flows.run_ui import key
+
+    return key(store, stage)
 
 
 def _root_flow_run_id() -> str | None:
@@ -132,56 +133,60 @@ def flush_logs() -> None:
 
 class Progress:
     """Prints ``[kktlab] nets: cells 12/40 (30%) elapsed 0:00:12 ETA 0:00:28, 4 from cache, 1 failed``
-    lines (rate-limited), logs them to the root flow run and keeps its artifacts up to date."""
+    lines (rate-limited), logs them to the root flow run and keeps its progress card up to date.
+
+    Elapsed time and ETA count from :meth:`running` (the stage's first bundle handed to the workers
+    with its inputs stored; before it: elapsed 0, ETA ?); the rate counts computed cells only (cells
+    from the result cache cost nothing). ``clock``: seconds, monotonic (a fake one in tests)."""
 
     def __init__(self, total: int, already: int, label: str, stream=None, every_s: float = 2.0,
-                 store: str = "", artifact_every_s: float = 15.0):
+                 store: str = "", clock: Callable[[], float] = time.monotonic):
         self.total, self.done, self.label = total, already, label
-        self.start_done, self.t0 = already, time.monotonic()
+        self.start_done, self.clock, self.t0 = already, clock, None
         self.cached = self.failed = 0
         self.stream = stream or sys.stderr
-        self.every_s, self.last = every_s, 0.0
-        self.artifact_every_s, self.last_artifact = artifact_every_s, 0.0
-        self.key = artifact_key(store or label, label)
+        self.every_s, self.last = every_s, float("-inf")
         self.run_id = _root_flow_run_id()
-        self.progress_id = None
+        self.cards = None
         if self.run_id:
-            try:
-                from prefect.artifacts import Artifact
+            from flows.run_ui import StageCards
 
-                self.progress_id = Artifact(type="progress", key=f"{self.key}-progress", data=self.percent,
-                                            description=f"kktlab {label}: percent of cells done",
-                                            flow_run_id=self.run_id).create().id
-            except Exception:  # noqa: BLE001 - the UI is best effort
-                self.progress_id = None
+            self.cards = StageCards(store or label, label, self.percent, self.line().removeprefix("[kktlab] "))
         self.emit(force=True)
+
+    def running(self) -> None:
+        """The stage's first bundle runs: its clock starts (later calls change nothing)."""
+        if self.t0 is None:
+            self.t0 = self.clock()
 
     @property
     def percent(self) -> float:
         return 100.0 * self.done / self.total if self.total else 100.0
 
+    def elapsed(self) -> float:
+        return 0.0 if self.t0 is None else self.clock() - self.t0
+
     def eta(self) -> float | None:
-        new = self.done - self.start_done
-        if new <= 0:
+        computed = self.done - self.start_done - self.cached
+        if self.t0 is None or computed <= 0:
             return None
-        rate = (time.monotonic() - self.t0) / new
-        return rate * (self.total - self.done)
+        return self.elapsed() / computed * (self.total - self.done)
 
     def event(self) -> Event:
-        return Event(self.label, self.done, self.total, time.monotonic() - self.t0, self.eta(), self.cached,
-                     self.failed)
+        return Event(self.label, self.done, self.total, self.elapsed(), self.eta(), self.cached, self.failed)
 
     def line(self) -> str:
         return self.event().line()
 
     def advance(self, n: int, cached: int = 0, failed: int = 0) -> None:
+        self.running()  # cells stored from the result cache before any bundle ran
         self.done += n
         self.cached += cached
         self.failed += failed
         self.emit(force=self.done >= self.total)
 
     def emit(self, force: bool = False) -> None:
-        now = time.monotonic()
+        now = self.clock()
         event = self.event()
         for fn in list(_SINKS):  # live bars: every event
             try:
@@ -195,20 +200,12 @@ class Progress:
         if not _SINKS:
             print(line, file=self.stream, flush=True)
         if self.run_id:
-            self._to_prefect(line, force or now - self.last_artifact >= self.artifact_every_s)
+            self._to_prefect(line.removeprefix("[kktlab] "))
 
-    def _to_prefect(self, line: str, artifact: bool) -> None:
+    def _to_prefect(self, line: str) -> None:
         try:
-            _api_logger().info(line.removeprefix("[kktlab] "), extra={"flow_run_id": self.run_id})
-            if self.progress_id is not None:
-                from prefect.artifacts import update_progress_artifact
-
-                update_progress_artifact(self.progress_id, progress=self.percent)
-            if artifact:
-                from prefect.artifacts import Artifact
-
-                self.last_artifact = time.monotonic()
-                Artifact(type="markdown", key=self.key, description=f"kktlab {self.label}: progress",
-                         data=f"**{line.removeprefix('[kktlab] ')}**", flow_run_id=self.run_id).create()
+            _api_logger().info(line, extra={"flow_run_id": self.run_id})
         except Exception:  # noqa: BLE001 - the UI is best effort; the store is the truth
             pass
+        if self.cards is not None:
+            self.cards.update(self.percent, line)

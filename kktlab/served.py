@@ -4,7 +4,16 @@
 its first stage's) and prints the flow run's URL; with ``--watch`` it follows the run: the progress
 lines of each stage as the sweep logs them (cells done / total, ETA, from cache, failed), the
 final state, and one clear line and a non-zero exit when no worker picks the run up, the run
-fails or crashes, or Ctrl-C stops the watching (the run goes on on the server)."""
+fails or crashes, or Ctrl-C stops the watching (the run goes on on the server).
+
+``--watch`` rides out a restart of the server (issue 30): while the API does not answer it retries
+with backoff and says once every ``WAIT_LINE_S`` that it is waiting; a server lost for longer than
+``KKTLAB_SERVER_LOST_S`` (600 s) ends the watching with one line naming the URL and ``kktlab status
+STORE``. The run is named ``<config> @ <store>`` and tagged (flows/run_ui.py).
+
+Exit codes of ``--watch``: 0 the run completed; 1 it failed, crashed or was cancelled (its error);
+2 a bad config, an unreachable server at submit time, or no worker polling the pool (``KKTLAB_NO_WORKER_S``);
+4 the server was lost (or lost the run) while watching: the run's outcome is unknown; 130 Ctrl-C."""
 
 from __future__ import annotations
 
@@ -14,10 +23,15 @@ import sys
 import time
 
 from core.errors import UserError
+from flows.progress import hms
 
 # a run still scheduled after this long with no live worker in its pool: say so ($KKTLAB_NO_WORKER_S)
 NO_WORKER_S = float(os.environ.get("KKTLAB_NO_WORKER_S", "30"))
 POLL_S = 2.0
+SERVER_LOST_S = float(os.environ.get("KKTLAB_SERVER_LOST_S", "600"))  # then give up watching: exit EXIT_LOST
+WAIT_LINE_S = 30.0  # at most one "waiting for the server" line this often
+BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 15.0)  # between tries while the server does not answer; then 15 s
+EXIT_FAILED, EXIT_LOST = 1, 4
 
 
 def _api() -> str:
@@ -50,11 +64,14 @@ def cmd_submit(args) -> int:
 
     from flows.served import FLOW_NAME
 
+    from flows.run_ui import run_name, run_tags
+
     name = f"{FLOW_NAME}/{cfg.stages[0].experiment}"  # a chain runs under its first stage's deployment
     params = {"config_path": os.path.abspath(args.config), "store": os.path.abspath(cfg.store_path(args.store)),
               "overrides": overrides, "force": args.force, "verbose": args.verbose}
     try:
-        run = run_deployment(name, parameters=params, timeout=0)
+        run = run_deployment(name, parameters=params, timeout=0, flow_run_name=run_name(cfg.name, params["store"]),
+                             tags=run_tags(cfg.name, [s.experiment for s in cfg.stages], params["store"]))
     except ObjectNotFound:
         raise UserError(f"no deployment {name!r} on {api}: run 'make deploy' first") from None
     ui = api.rstrip("/").removesuffix("/api") + f"/runs/flow-run/{run.id}"
@@ -63,7 +80,7 @@ def cmd_submit(args) -> int:
     if not args.watch:
         return 0
     try:
-        return watch(run.id, ui, store=params["store"], stages=cfg.stages)
+        return watch(run.id, ui, store=params["store"], stages=cfg.stages, api=api)
     except KeyboardInterrupt:
         print(f"kktlab: stopped watching; the run goes on on the server: {ui}", file=sys.stderr)
         return 130
@@ -76,46 +93,77 @@ def _pool_has_live_worker(client, deployment_id) -> tuple[str, bool]:
                                    for w in workers)
 
 
+class _Server:
+    """The watcher's view of the API: how long it has not answered, when to say so, when to give up."""
+
+    def __init__(self, api: str, lost_s: float, console):
+        self.api, self.lost_s, self.console = api, lost_s, console
+        self.since: float | None = None
+        self.said, self.tries, self.error = float("-inf"), 0, ""
+
+    def lost(self, err: BaseException) -> bool:
+        """Note a failed call; True when the server has been gone past the bound."""
+        now = time.monotonic()
+        self.since = now if self.since is None else self.since
+        self.tries += 1
+        self.error = f"{type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}".rstrip(": ")
+        if now - self.since >= self.lost_s:
+            return True
+        if now - self.said >= WAIT_LINE_S:
+            self.said = now
+            self.console.print(f"kktlab: waiting for the Prefect server at {self.api} ({self.error}); "
+                               "the run goes on on the workers", markup=False, highlight=False, soft_wrap=True)
+        time.sleep(min(BACKOFF_S[min(self.tries - 1, len(BACKOFF_S) - 1)], max(self.since + self.lost_s - now, 0.1)))
+        return False
+
+    def ok(self) -> None:
+        if self.since is not None:
+            self.console.print(f"kktlab: the Prefect server at {self.api} answers again (after "
+                               f"{hms(time.monotonic() - self.since)})", markup=False, highlight=False, soft_wrap=True)
+        self.since, self.said, self.tries = None, float("-inf"), 0
+
+
 def watch(run_id, ui: str, no_worker_s: float = NO_WORKER_S, store: str | None = None, stages=(),
-          console=None) -> int:
+          console=None, api: str | None = None, lost_s: float | None = None) -> int:
     """Follow flow run ``run_id`` to its end: a live bar per stage from its progress log lines
-    (plain lines when stdout is not a terminal), then each stage's summary table from ``store``."""
-    from prefect.client.orchestration import get_client
+    (plain lines when stdout is not a terminal), then each stage's summary table from ``store``.
+    Rides out a server that stops answering for less than ``lost_s`` (``SERVER_LOST_S``)."""
+    import httpx
+    from prefect.exceptions import ObjectNotFound
+    from prefect.settings import PREFECT_API_URL, PREFECT_CLIENT_MAX_RETRIES, temporary_settings
     from rich.console import Console
 
-    from flows.progress import parse_line
     from kktlab.progress_view import Bars
 
-    t0, seen, last_state, grace = time.monotonic(), {}, None, 0
     console = console or Console(file=sys.stdout)
-    with get_client(sync_client=True) as client, Bars(console, plain_every_s=0.0, prefix="  ") as bars:
-        while True:
-            run = client.read_flow_run(run_id)
-            state = run.state if not grace else state  # after the end: only the last log lines
-            # the sweep logs its progress lines to the root flow run (flows/progress.py): this one
-            for log in _new_logs(client, run_id, seen):
-                event = parse_line(log.message)
-                if event is not None:
-                    bars.update(event)
-            # a run's last log lines may reach the server after its final state: wait for every stage's N/N
-            ended = state is not None and state.is_final() and (
-                not state.is_completed() or grace >= 5 or all(d >= n for d, n in bars.last_counts.values()))
-            if state and state.name != last_state and (ended or not state.is_final()):
-                last_state = state.name
-                console.print(f"kktlab: flow run {run.name}: {state.name}", markup=False, highlight=False)
-            if ended:
-                break
-            if state and state.is_final():
-                grace += 1
-                time.sleep(1.0)
-                continue
-            if state and state.is_scheduled() and time.monotonic() - t0 > no_worker_s:
-                pool, live = _pool_has_live_worker(client, run.deployment_id)
-                if not live:
-                    raise UserError(f"no worker is polling work pool '{pool}' ({no_worker_s:.0f} s and the run is "
-                                    f"still {state.name}): start one with `make worker` (POOL={pool}); the run stays "
-                                    f"queued: {ui}")
-            time.sleep(POLL_S)
+    api = api or PREFECT_API_URL.value() or "?"
+    server = _Server(api, SERVER_LOST_S if lost_s is None else lost_s, console)
+    where = f"`kktlab status {store}` shows its cells" if store else "`kktlab status STORE` shows its cells"
+    # this loop retries, with its own backoff and lines: no silent minute of retries inside one call
+    with temporary_settings(updates={PREFECT_CLIENT_MAX_RETRIES: 0}), \
+            Bars(console, plain_every_s=0.0, prefix="  ") as bars:
+        follow = _Follow(run_id, ui, no_worker_s, bars, console)
+        try:
+            while True:
+                try:
+                    state = follow.step()
+                    server.ok()
+                except ObjectNotFound:
+                    print(f"kktlab: error: the Prefect server at {api} does not know flow run {run_id} (a new "
+                          f"database?); {where}", file=sys.stderr)
+                    return EXIT_LOST
+                except (httpx.HTTPError, OSError) as err:
+                    follow.close()
+                    if server.lost(err):
+                        print(f"kktlab: error: no answer from the Prefect server at {api} for {hms(server.lost_s)} "
+                              f"({server.error}); the run may go on on the workers: {where}; its page: {ui}",
+                              file=sys.stderr)
+                        return EXIT_LOST
+                    continue
+                if state is not None:
+                    break
+        finally:
+            follow.close()
     if state.is_completed():
         if store:
             _summaries(store, stages, console)
@@ -123,7 +171,61 @@ def watch(run_id, ui: str, no_worker_s: float = NO_WORKER_S, store: str | None =
     message = (state.message or "").strip().splitlines()
     print(f"kktlab: error: the flow run ended {state.name}" + (f": {message[0][:1000]}" if message else "") +
           f"; its logs: {ui}", file=sys.stderr)
-    return 1
+    return EXIT_FAILED
+
+
+class _Follow:
+    """One poll of the run at a time (``step``): its state, new progress lines, the no-worker check."""
+
+    def __init__(self, run_id, ui, no_worker_s, bars, console):
+        self.run_id, self.ui, self.no_worker_s, self.bars, self.console = run_id, ui, no_worker_s, bars, console
+        self.t0, self.seen, self.last_state, self.grace, self.state = time.monotonic(), {}, None, 0, None
+        self.client = None
+
+    def close(self) -> None:
+        if self.client is not None:
+            try:
+                self.client.__exit__(None, None, None)
+            except Exception:  # noqa: BLE001 - a dead connection has nothing to close
+                pass
+            self.client = None
+
+    def step(self):
+        """Poll once (sleeping after); the run's final state once it has ended, else None."""
+        from prefect.client.orchestration import get_client
+
+        from flows.progress import parse_line
+
+        if self.client is None:
+            self.client = get_client(sync_client=True).__enter__()
+        client = self.client
+        run = client.read_flow_run(self.run_id)
+        state = self.state = run.state if not self.grace else self.state  # after the end: only the last log lines
+        # the sweep logs its progress lines to the root flow run (flows/progress.py): this one
+        for log in _new_logs(client, self.run_id, self.seen):
+            event = parse_line(log.message)
+            if event is not None:
+                self.bars.update(event)
+        # a run's last log lines may reach the server after its final state: wait for every stage's N/N
+        ended = state is not None and state.is_final() and (
+            not state.is_completed() or self.grace >= 5 or all(d >= n for d, n in self.bars.last_counts.values()))
+        if state and state.name != self.last_state and (ended or not state.is_final()):
+            self.last_state = state.name
+            self.console.print(f"kktlab: flow run {run.name}: {state.name}", markup=False, highlight=False, soft_wrap=True)
+        if ended:
+            return state
+        if state and state.is_final():
+            self.grace += 1
+            time.sleep(1.0)
+            return None
+        if state and state.is_scheduled() and time.monotonic() - self.t0 > self.no_worker_s:
+            pool, live = _pool_has_live_worker(client, run.deployment_id)
+            if not live:
+                raise UserError(f"no worker is polling work pool '{pool}' ({self.no_worker_s:.0f} s and the run is "
+                                f"still {state.name}): start one with `make worker` (POOL={pool}); the run stays "
+                                f"queued: {self.ui}")
+        time.sleep(POLL_S)
+        return None
 
 
 PAGE = 200  # the API's default page of log lines
