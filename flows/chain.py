@@ -20,6 +20,7 @@ cells done and drops it (no array passes through Prefect or the flow process).
 
 from __future__ import annotations
 
+import errno
 import json
 import queue
 import time
@@ -32,7 +33,7 @@ from deploy import dask as dask_specs
 from flows import checkpoint as checkpoint_io
 from flows import result_cache
 from flows import run_ui
-from flows.result_cache import FAILED, HASH, REFUSED
+from flows.result_cache import FAILED, HASH, NO_ROOM, REFUSED, ROOM_ERRNOS
 from flows.bundles import bundle_name, make_bundles, memory_budget
 from flows.progress import Progress
 from storage import runlock
@@ -94,6 +95,7 @@ class Scheduler:
         self.t0 = time.perf_counter()
         self.stages: list[_Stage] = []
         self.futures: dict = {}  # future -> (stage, bundle, ckpt, cache path)
+        self.no_room = ""  # why the store's file system refused a write, once it did
         self.done_q: queue.SimpleQueue = queue.SimpleQueue()
         self.workers = dask_specs.worker_count(stages[0].runner)
         by_name: dict[str, _Stage] = {}
@@ -135,6 +137,8 @@ class Scheduler:
 
         from flows.sweep import bundle_id, code_fingerprint, run_bundle
 
+        if self.no_room:  # the store's file system refused a write: nothing more is started
+            return
         cfg, device = st.cfg, st.cfg.runner["device"]
         resources = dask_specs.resources_for(device)
         bundles = self._bundles(st, items)
@@ -210,11 +214,20 @@ class Scheduler:
                 raise UserError(f"a bundle of {len(bundle)} cells of stage '{st.cfg.name}' failed on bad input "
                                 f"({err}); first cells: {cells}") from err
             before = len(self.futures)
-            self._store(st, bundle, results, False, cpath, ckpt, fut)
+            try:
+                if results and NO_ROOM in results[0]:
+                    raise OSError(errno.ENOSPC, results[0][NO_ROOM])
+                self._store(st, bundle, results, False, cpath, ckpt, fut)
+            except OSError as err:  # the worker's writes or ours refused: stop submitting, drain, say so
+                if err.errno not in ROOM_ERRNOS:
+                    raise
+                self.no_room = self.no_room or (err.strerror or str(err))
             pending += len(self.futures) - before
         wall = time.perf_counter() - self.t0
         for st in self.stages:
             st.stats["wall_s"] = wall
+            if self.no_room:
+                st.stats["no_room"] = self.no_room
         run_ui.finish(self.path, [st.stats for st in self.stages], [st.cfg.experiment for st in self.stages],
                       [st.writer.progress.line().removeprefix("[kktlab] ") for st in self.stages if st.writer])
         return [st.stats for st in self.stages]

@@ -22,6 +22,7 @@ another store, torch version or device. Here:
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -36,6 +37,11 @@ META = "__kktlab_meta__"
 FAILED = "__failed__"  # key of a cell's result when computing it raised: the error text
 HASH = "__hash__"  # receipt of a cell its worker wrote into the store: the values' content hash
 REFUSED = "__refused__"  # receipt of a cell its worker did not write (done already)
+# receipt of each cell of a bundle whose writes the store's file system refused (no space, quota,
+# read-only; flows/sweep.py::run_bundle): its cells stay not done, the flow submits nothing more and
+# ends, and the run says so in one line naming the store (issue 29 item 10)
+NO_ROOM = "__no_room__"
+ROOM_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
 
 
 def cache_dir(store: str, group: str) -> pathlib.Path:

@@ -12,10 +12,13 @@ cell whose computation raises is stored as failed with its error; the others go 
 
 from __future__ import annotations
 
+import errno
 import functools
 import hashlib
 import json
+import os
 import pathlib
+import shutil
 import sys
 
 from prefect import flow, task
@@ -26,7 +29,7 @@ from deploy import dask as dask_specs
 from flows import config as config_mod
 from flows import experiments
 from flows import result_cache
-from flows.result_cache import FAILED
+from flows.result_cache import FAILED, NO_ROOM, ROOM_ERRNOS
 from storage.schema import UPSTREAM_HASH
 from storage.store import Store
 
@@ -167,13 +170,40 @@ def run_bundle(experiment: str, cells: list[dict], device: str, checkpoint: str 
 
     torch.set_num_threads(1)
     exp = experiments.get(experiment)
-    results = (compute_reading(exp, cells, device, inputs) if inputs
-               else compute_cells(exp, cells, device, checkpoint))
-    if target:
-        results = write_bundle(target, results)
-    if cache_path:
-        result_cache.save(cache_path, cache_key, results)
+    if target and _free_bytes(target["store"]) < MIN_FREE:  # a full disk: nothing to compute for
+        return [{NO_ROOM: os.strerror(errno.ENOSPC)}] * len(cells)
+    try:
+        results = (compute_reading(exp, cells, device, inputs) if inputs
+                   else compute_cells(exp, cells, device, checkpoint))
+        if target:
+            results = write_bundle(target, results)
+        if cache_path:
+            result_cache.save(cache_path, cache_key, results)
+    except OSError as err:  # the store's file system refused (full, quota, read-only): the flow stops
+        if err.errno not in ROOM_ERRNOS:
+            raise
+        return [{NO_ROOM: os.strerror(err.errno)}] * len(cells)
     return results
+
+
+# A bundle whose writes the file system refused returns the receipt NO_ROOM (flows/result_cache.py).
+MIN_FREE = 1 << 20  # bytes free beside the store below which a bundle is not computed
+
+
+def _free_bytes(store: str) -> int:
+    path = pathlib.Path(store)
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return shutil.disk_usage(path).free
+
+
+def refused_room(stats: list[dict], store: str) -> None:
+    """Raise the one line of a run the store's file system stopped, if it did."""
+    why = next((s["no_room"] for s in stats if s.get("no_room")), None)
+    if why:
+        done = ", ".join(f"{s['group']}: {s.get('done_before', 0) + s['written']}/{s['total']}" for s in stats)
+        raise UserError(f"the file system of store {store} refused a write ({why.lower()}); free space there (or "
+                        f"make it writable) and rerun the same command: it resumes (cells stored: {done})")
 
 
 def bundle_id(experiment: str, cells: list[dict]) -> str:
@@ -275,4 +305,6 @@ def run(cfg, store_path: str, force: bool = False, retry_failed: bool = False, w
     for stage in cfg.stages:
         open_store(stage, store_path, stage.runner["device"])
     with runlock.hold(store_path, [stage.name for stage in cfg.stages], wait=wait):
-        return one_run(raw, store_path, force, retry_failed)
+        out = one_run(raw, store_path, force, retry_failed)
+    refused_room(out if isinstance(out, list) else [out], store_path)
+    return out
