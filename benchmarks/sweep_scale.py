@@ -73,7 +73,7 @@ def reads(store: pathlib.Path, env: dict) -> dict:
         out[f"{name}_s"] = round(wall, 2) if res.returncode == 0 else f"exit {res.returncode}"
     code = ("import time, sys; t = time.perf_counter(); from storage.query import open_results; "
             f"ds = open_results({str(store)!r}); "
-            "m = ds[['log_volume', 'wall_s', 'done']].astype(float).mean('model_seed').compute(); "
+            "m = ds[['log_volume', 'log_volume_exact', 'done']].astype(float).mean('model_seed').compute(); "
             "print(time.perf_counter() - t)")
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=3600)
     out["open_results_mean_s"] = round(float(res.stdout.split()[-1]), 2) if res.returncode == 0 else res.stderr[-300:]
