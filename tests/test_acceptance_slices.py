@@ -99,3 +99,25 @@ def test_e5_needs_every_m_in_range_not_only_the_mean():
     rows = {r.criterion: r for r in a3.acceptance(_pgd_group(rta)) if r.spec_id == "E5"}
     assert rows["V50(m)·√m (the paper's 25; Fig 4 right)"].passed is True  # the mean alone passes ...
     assert rows["V50(m)·√m flat in m: every m in [15, 40]"].passed is False  # ... the shape does not
+
+
+def test_P004_13_and_15_judge_each_net_apart():
+    """Issue 28 item 8: two nets whose attacks plateau at different objectives (1 and 2) are not pooled:
+    P004-13 compares the runs on one net (ratio 1, pass), not across nets (ratio 2); P004-15 likewise
+    takes each net's restarts."""
+    import numpy as np
+    import xarray as xr
+
+    from analysis.acceptance_004 import acceptance
+
+    obj = np.ones((2, 3, 2)) * np.array([1.0, 2.0])[:, None, None]  # (seed, radius, restart)
+    obj[:, :, 1] *= 1.001
+    score = np.array([0.2, 0.5]) * np.ones((2, 3, 1)) + np.array([0.0, 0.3])  # scores differ across restarts
+    ds = xr.Dataset({"objective": (("seed", "radius", "restart"), obj),
+                     "score5": (("seed", "radius", "restart"), score),
+                     "done": (("seed", "radius", "restart"), np.ones(obj.shape, bool))},
+                    coords={"seed": [0, 1], "radius": [0.5, 1.0, 10.0], "restart": [0, 1]})
+    rows = {r.spec_id: r for r in acceptance(ds)}
+    assert rows["P004-13"].passed and abs(rows["P004-13"].value - 1.001) < 1e-12
+    assert "worst of 2 nets" in rows["P004-13"].note
+    assert rows["P004-15"].passed and "per net (2)" in rows["P004-15"].note

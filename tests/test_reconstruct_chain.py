@@ -135,8 +135,11 @@ def test_F004_report_draws_fig2a_and_lists_the_acceptance_rows(chained, tmp_path
     att = open_results(chained / "chain.zarr", "attack")
     rows = acceptance_rows(load_scalars(att))
     assert [r.spec_id for r in rows] == ["P004-13", "P004-14", "P004-15", "P004-16", "P004-17"]
-    obj = att.objective.values  # every cell done (test above): P004-13's max/min over all of them
-    assert abs(rows[0].value - float(obj.max() / obj.min())) <= 1e-12 * rows[0].value
+    from analysis.acceptance_004 import per_net
+
+    # every cell done (test above): P004-13's max/min per net over its radii x restarts, the worst net
+    worst = max(float(n.objective.max() / n.objective.min()) for n in per_net(att.load()))
+    assert abs(rows[0].value - worst) <= 1e-12 * rows[0].value
     assert rows[0].passed == (rows[0].value <= 1.01)
     assert rows[3].passed is None  # P004-16 needs CIFAR shifts: not judged
     assert "P004-13" in (tmp_path / "index.md").read_text()
