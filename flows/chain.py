@@ -69,6 +69,7 @@ class _Stage:
     def __init__(self, cfg, store, todo, done_before, stats, writer):
         self.cfg, self.store, self.todo, self.done_before = cfg, store, todo, done_before
         self.stats, self.writer = stats, writer
+        self.receipts: list = []  # (file, cell indices) a killed run left (flows/result_cache.py::receipts)
         self.up: _Stage | None = None
         self.depth = 0  # stages read before this one; a deeper stage's bundles go first on the workers
         self.k = len(cfg.upstream_grid)  # leading index dims that name the upstream cell
@@ -112,6 +113,7 @@ class Scheduler:
                 writer = Writer(store, stats, Progress(cfg.n_cells, cfg.n_cells - len(todo), cfg.name,
                                                        store=str(store_path)), force, retry_failed)
             st = _Stage(cfg, store, todo, done_before, stats, writer)
+            st.receipts = [] if force else result_cache.receipts(store_path, cfg.name)
             if cfg.source:
                 st.up = by_name[cfg.source]
                 st.depth = st.up.depth + 1
@@ -128,7 +130,14 @@ class Scheduler:
             shape = [len(v) for v in st.up.cfg.store_grid.values()]
             items = [(idx, cfg.exp.with_inherited(cell, ups[int(np.ravel_multi_index(tuple(idx[:st.k]), shape))]))
                      for idx, cell in items]
-        return make_bundles(cfg.exp, items, cfg.runner["bundle_size"], memory_budget=budget, workers=self.workers)
+        by_index = {tuple(idx): (idx, cell) for idx, cell in items}
+        kept = []  # a killed run's bundles whose receipts are left: cut as they were, so they are used
+        for receipt in list(st.receipts):
+            if all(i in by_index for i in receipt[1]):
+                kept.append([by_index.pop(i) for i in receipt[1]])
+                st.receipts.remove(receipt)
+        return kept + make_bundles(cfg.exp, list(by_index.values()), cfg.runner["bundle_size"],
+                                   memory_budget=budget, workers=self.workers)
 
     def _submit(self, st: _Stage, items: list, wait_for=None) -> None:
         """Cut ``items`` (pending cells of one stage) into bundles; take each from the result
@@ -226,6 +235,11 @@ class Scheduler:
         wall = time.perf_counter() - self.t0
         for st in self.stages:
             st.stats["wall_s"] = wall
+            if not self.no_room:  # every cell is done: receipts still here belong to no bundle
+                stray = list(result_cache.cache_dir(self.path, st.cfg.name).glob("*.npz"))
+                for path in stray:
+                    result_cache.remove(str(path))
+                st.stats["stray_receipts_removed"] = len(stray)
             if self.no_room:
                 st.stats["no_room"] = self.no_room
         run_ui.finish(self.path, [st.stats for st in self.stages], [st.cfg.experiment for st in self.stages],

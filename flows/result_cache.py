@@ -65,9 +65,12 @@ def path_for(store: str, group: str, key: str) -> str:
     return str(cache_dir(store, group) / f"{key}.npz")
 
 
-def save(path: str, key: str, results: list[dict]) -> None:
-    """Write a bundle's results (numbers, number arrays, and the text of a failed cell) atomically."""
-    arrays = {META: np.array(json.dumps({"key": key, "n_cells": len(results)}))}
+def save(path: str, key: str, results: list[dict], indices: list | None = None) -> None:
+    """Write a bundle's results (numbers, number arrays, and the text of a failed cell) atomically;
+    ``indices``: its cells' grid indices, so a rerun that bundles otherwise finds it (:func:`receipts`)."""
+    meta = {"key": key, "n_cells": len(results), **({"indices": [list(map(int, i)) for i in indices]}
+                                                      if indices is not None else {})}
+    arrays = {META: np.array(json.dumps(meta))}
     for i, values in enumerate(results):
         for name, v in values.items():
             arr = np.asarray(v)
@@ -110,6 +113,23 @@ def load(path: str, key: str, n_cells: int, variables: set[str]) -> list[dict] |
     if wrong:
         quarantine(path, f"cell {wrong[0]} has variables {sorted(out[wrong[0]])}, not declared ones")
         return None
+    return out
+
+
+def receipts(store: str, group: str) -> list[tuple[str, list[tuple[int, ...]]]]:
+    """The receipt files a killed run left for ``group`` (path, its cells' grid indices): a rerun
+    bundles those cells as they were, so the files are used and nothing is recomputed (issue 29
+    item 3). Files without indices (older kktlab) or unreadable ones are left to :func:`load`."""
+    folder = cache_dir(store, group)
+    out = []
+    for path in sorted(folder.glob("*.npz")) if folder.is_dir() else []:
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                meta = json.loads(str(z[META][()]))
+            if "indices" in meta and len(meta["indices"]) == meta.get("n_cells"):
+                out.append((str(path), [tuple(i) for i in meta["indices"]]))
+        except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError):
+            continue
     return out
 
 

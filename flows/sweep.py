@@ -178,7 +178,7 @@ def run_bundle(experiment: str, cells: list[dict], device: str, checkpoint: str 
         if target:
             results = write_bundle(target, results)
         if cache_path:
-            result_cache.save(cache_path, cache_key, results)
+            result_cache.save(cache_path, cache_key, results, target["indices"] if target else None)
     except OSError as err:  # the store's file system refused (full, quota, read-only): the flow stops
         if err.errno not in ROOM_ERRNOS:
             raise

@@ -252,3 +252,42 @@ def test_a_sigterm_prefect_raised_inside_pydantic_is_still_a_stop(monkeypatch):
             signal.signal(s, handler)
     assert stopping.SIGNALLED == [signal.SIGTERM]
     assert logging.getLogger("prefect").level == logging.CRITICAL
+
+
+def test_a_rerun_that_bundles_otherwise_uses_the_killed_runs_receipts(prefect_server, tmp_path):
+    """Issue 29 item 3: a run killed after a worker wrote and receipted 2 of 6 cells; the rerun's
+    bundles would be cut otherwise (4 cells are left to cut, another bundle size), so it cuts the
+    receipted cells as they were, marks them done from the receipt (nothing recomputed, nothing
+    overwritten), computes the 4 others, and leaves no receipt behind; values equal a clean run."""
+    from flows import experiments
+
+    grid = {"seed": [0, 1, 2, 3, 4, 5]}
+    killed, clean = _cfg(grid=grid, runner={"cluster": "inline", "bundle_size": 2}), _cfg(grid=grid)
+    store = str(tmp_path / "s.zarr")
+    open_store(killed, store, killed.runner["device"])
+    first = [(0,), (1,)]
+    cells = [killed.cells()[0], killed.cells()[1]]
+    receipts = write_bundle({"store": store, "group": killed.name, "indices": first},
+                            experiments.get("nonrobust").run_bundle(cells, "auto"))
+    key = result_cache.bundle_key(killed.experiment, cells, killed.runner["device"], code_fingerprint())
+    result_cache.save(result_cache.path_for(store, killed.name, key), key, receipts, first)
+    before = open_results(store, "cache").load()
+    stats = run(_cfg(grid=grid, runner={"cluster": "inline", "bundle_size": 5}), store)
+    assert (stats["from_cache"], stats["computed"], stats["written"]) == (2, 4, 6), stats
+    assert not list(result_cache.cache_dir(store, killed.name).glob("*.npz"))
+    after = open_results(store, "cache").load()
+    assert (after.cell_hash[:2] == before.cell_hash[:2]).all()  # the receipted cells were not rewritten
+    ref = str(tmp_path / "ref.zarr")
+    run(clean, ref)
+    _same(_values(store), _values(ref))
+
+
+def test_stray_receipts_are_removed_at_the_end_of_a_run(prefect_server, tmp_path):
+    """A receipt no bundle of the run uses (cells done since, or written by older code) is removed
+    once every cell is done, and counted."""
+    cfg, store = _cfg(), str(tmp_path / "s.zarr")
+    run(cfg, store)
+    stray = result_cache.path_for(store, cfg.name, "0" * 32)
+    result_cache.save(stray, "0" * 32, [{result_cache.HASH: 1}], [(0,)])
+    stats = run(cfg, store)
+    assert stats["stray_receipts_removed"] == 1 and not os.path.exists(stray)
