@@ -37,8 +37,12 @@ def p001_4(ds: xr.Dataset) -> list[Row]:
             _param(ds, "model", "two_layer") == "linear" or "model" in ds.dims:
         return [skipped("P001-4", "Fig. 1 shape", P4, "needs a two-layer alpha sweep with 0, 1 and 1.5")]
     rows = []
-    for sel in _ga_lines(ds):
-        e = ds["eps_mean"].where(_keep(ds)).sel(sel) if sel else ds["eps_mean"].where(_keep(ds))
+    every_l = _param(ds, "forget", -1) == -2 and "forget" not in ds.dims
+    readings = [("eps_mean", "mean over l" if every_l else "")]
+    if every_l and "eps_app_e" in ds and bool(np.isfinite(ds["eps_app_e"]).any()):
+        readings.append(("eps_app_e", "App. E: one random l per net"))  # issue 28 item 11: both readings
+    for sel, (var, reading) in itertools.product(list(_ga_lines(ds)), readings):
+        e = ds[var].where(_keep(ds)).sel(sel) if sel else ds[var].where(_keep(ds))
         if "seed" not in e.dims:
             e = e.expand_dims("seed")
         mean = e.mean("seed")
@@ -48,10 +52,13 @@ def p001_4(ds: xr.Dataset) -> list[Row]:
         f0 = float((e.sel(alpha=1.0) < e.sel(alpha=0.0)).mean())
         f15 = float((e.sel(alpha=1.0) < e.sel(alpha=1.5)).mean())
         ok = 0.8 <= a_star <= 1.2 and f0 >= 0.8 and f15 >= 0.8
-        label = ", ".join(f"{k}={v}" for k, v in sel.items())
+        label = ", ".join([f"{k}={v}" for k, v in sel.items()] + ([reading] if reading else []))
+        epochs = _upstream_param(ds, "epochs")
         rows.append(Row(f"Fig. 1 shape ({label})" if label else "Fig. 1 shape", "P001-4",
                         f"α*={a_star:.2f}, ε(1)<ε(0) {f0:.0%}, ε(1)<ε(1.5) {f15:.0%}, n={e.sizes['seed']}", P4, ok,
-                        "ε averaged over the forgotten l (forget=-2) or the one l per net", a_star))
+                        f"{var}: " + ("ε at App. E's one random forgotten l per net" if var == "eps_app_e" else
+                                      "ε averaged over the forgotten l" if every_l else "ε of the forgotten set")
+                        + (f"; nets trained {epochs} epochs" if epochs else ""), a_star))
     return rows or [skipped("P001-4", "Fig. 1 shape", P4, "no GA cells with k = 1")]
 
 

@@ -121,3 +121,27 @@ def test_P004_13_and_15_judge_each_net_apart():
     assert rows["P004-13"].passed and abs(rows["P004-13"].value - 1.001) < 1e-12
     assert "worst of 2 nets" in rows["P004-13"].note
     assert rows["P004-15"].passed and "per net (2)" in rows["P004-15"].note
+
+
+def test_P001_4_shows_the_mean_over_l_and_the_app_e_reading():
+    """Issue 28 item 11: a forget = -2 group is judged on both readings, each row naming its own: ε
+    averaged over the forgotten l (minimum at α = 1 here) and App. E's one random l per net (at 0.5)."""
+    import json
+
+    import numpy as np
+    import xarray as xr
+
+    from analysis.acceptance_001 import p001_4
+
+    alpha = np.array([0.0, 0.5, 1.0, 1.5])
+    mean_l = np.array([2.0, 1.5, 1.0, 1.4]) * np.ones((5, 1))
+    app_e = np.array([2.0, 0.9, 1.0, 1.4]) * np.ones((5, 1))
+    ds = xr.Dataset({"eps_mean": (("seed", "alpha"), mean_l), "eps_app_e": (("seed", "alpha"), app_e),
+                     "done": (("seed", "alpha"), np.ones((5, 4), bool)),
+                     "feasible": (("seed", "alpha"), np.ones((5, 4), int))},
+                    coords={"seed": np.arange(5), "alpha": alpha},
+                    attrs={"kktlab_identity": json.dumps({"params": {"forget": -2, "method": "ga", "k": 1}})})
+    rows = p001_4(ds)
+    assert [("mean over l" in r.criterion, "App. E" in r.criterion) for r in rows] == [(True, False), (False, True)]
+    assert rows[0].passed and rows[0].value == 1.0 and "eps_mean" in rows[0].note
+    assert not rows[1].passed and rows[1].value == 0.5 and "eps_app_e" in rows[1].note

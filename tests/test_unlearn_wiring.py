@@ -20,14 +20,14 @@ CELL = dict(method="ga", k=1, forget_seed=0, model="two_layer", loss="logistic",
             mu_scaling="sec6", store_nets=False)
 
 
-def _cell_run(W, b, v, X, y, alphas, forget=-2):
+def _cell_run(W, b, v, X, y, alphas, forget=-2, key=None):
     """The unlearn cell on one net per α (the net repeated), as a bundle of the sweep runs it."""
     E, (M, D), N = len(alphas), X.shape, W.shape[0]
     rep = lambda t: t[None].expand(E, *t.shape).clone()  # noqa: E731
     cells = [dict(CELL, alpha=float(a), forget=forget) for a in alphas]
     return unlearn(rep(W), rep(b), rep(v), rep(X), rep(y), torch.ones(E, M, dtype=torch.bool), torch.full((E,), D),
                    torch.full((E,), M), torch.full((E,), N), torch.zeros(E, 8, dtype=torch.uint8),
-                   [f"alpha={a}" for a in alphas], cells, train_bias=torch.zeros(E, dtype=torch.bool))
+                   [key or f"alpha={a}" for a in alphas], cells, train_bias=torch.zeros(E, dtype=torch.bool))
 
 
 def test_the_cell_sizes_the_ga_step_by_the_multiplier_on_fixture_o():
@@ -68,3 +68,16 @@ def test_P001_4_shape_through_the_cells(trained):
     assert 0.8 <= alphas[int(eps.mean(0).argmin())] <= 1.2
     i0, i1, i15 = alphas.index(0.0), alphas.index(1.0), alphas.index(1.5)
     assert (eps[:, i1] < eps[:, i0]).mean() >= 0.8 and (eps[:, i1] < eps[:, i15]).mean() >= 0.8
+
+
+def test_app_e_reading_is_the_one_random_l_protocol(trained):
+    """Issue 28 item 11: with every l forgotten (forget = -2) the cell also reports ε at the l App. E's
+    protocol (forget = -1) draws for the net, equal to what a forget = -1 cell of the same net gives."""
+    n = trained[0]
+    alphas = [0.0, 1.0]
+    every = _cell_run(n["W"], n["b"], n["v"], n["X"], n["y"], alphas, forget=-2, key="seed=0")
+    one = _cell_run(n["W"], n["b"], n["v"], n["X"], n["y"], alphas, forget=-1, key="seed=0")
+    for a, b in zip(every, one):
+        assert b["eps_app_e"] == b["eps"] and a["eps_app_e"] == pytest.approx(b["eps"], rel=1e-9, abs=1e-12)
+        assert a["eps_app_e"] in set(np.asarray(a["eps_l"]).tolist())
+    assert math.isnan(_cell_run(n["W"], n["b"], n["v"], n["X"], n["y"], [1.0], forget=3)[0]["eps_app_e"])

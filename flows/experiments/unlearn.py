@@ -68,6 +68,8 @@ V = {
     "delta": F("1", "complementary slackness δ = max λ_i (q_i - 1) on the retained set (max over l)"),
     "eps_rel": F("1", "ε / ‖θ̂‖ (scale free; max over l)"),
     "eps_mean": F("l2 norm", "ε, mean over forget sets"), "delta_mean": F("1", "δ, mean over forget sets"),
+    "eps_app_e": F("l2 norm", "ε at the one forgotten l App. E's protocol draws for this net (forget = -1's rule, "
+                   "read back from every l with forget = -2; NaN for a given l)"),
     "eps_rel_mean": F("1", "ε_rel, mean over forget sets"),
     "eps_inherited": F("l2 norm", "ε with the trained net's λ rescaled (the proofs' certificate; max over l)"),
     "delta_inherited": F("1", "δ with the inherited λ (max over l)"),

@@ -58,9 +58,7 @@ def forget_sets(c: dict, m: torch.Tensor, keys: list[str]) -> tuple[torch.Tensor
         if f == -2:
             anchors[e, :me], ok[e, :me] = torch.arange(me), True
         elif f == -1:
-            h = int(hashlib.sha256(f"{c['forget_seed']}|{key}".encode()).hexdigest()[:15], 16)
-            g = torch.Generator().manual_seed(h)
-            anchors[e, 0], ok[e, 0] = int(torch.randint(0, me, (1,), generator=g)), True
+            anchors[e, 0], ok[e, 0] = app_e_anchor(c, key, me), True
         else:
             anchors[e, 0], ok[e, 0] = f, True
     F = torch.zeros(E, L, M, dtype=torch.bool)
@@ -68,6 +66,13 @@ def forget_sets(c: dict, m: torch.Tensor, keys: list[str]) -> tuple[torch.Tensor
         idx = (anchors + r) % m[:, None]
         F.scatter_(2, idx.unsqueeze(-1), True)
     return F & ok.unsqueeze(-1), anchors, ok
+
+
+def app_e_anchor(c: dict, key: str, m: int) -> int:
+    """App. E's one random forgotten point of a net: drawn from ``forget_seed`` and the upstream
+    cell's coordinates ``key`` (``forget`` = -1; with -2 the same l is read back as ``eps_app_e``)."""
+    h = int(hashlib.sha256(f"{c['forget_seed']}|{key}".encode()).hexdigest()[:15], 16)
+    return int(torch.randint(0, m, (1,), generator=torch.Generator().manual_seed(h)))
 
 
 def _test_acc(W, u, W_hat, rng, d, cs, linear):
@@ -262,6 +267,7 @@ def unlearn(W, b, v, X, y, mask, d, m, width, rng, keys: list[str], cells: list[
             "feasible": int(bool(T["feasible"][e, okL, a].all())),
             "eps": mx(T["eps"]), "delta": mx(T["delta"]), "eps_rel": mx(T["eps_rel"]),
             "eps_mean": mean(T["eps"]), "delta_mean": mean(T["delta"]), "eps_rel_mean": mean(T["eps_rel"]),
+            "eps_app_e": float(eps_l[app_e_anchor(c, keys[i], me)]) if c["forget"] in (-1, -2) else math.nan,
             "eps_inherited": mx(T["eps_inherited"]), "delta_inherited": mx(T["delta_inherited"]),
             "eps_dynamics": mx(T["eps_dynamics"]),
             "eps1": eps1, "delta1": delta1, "eps1_rel": float(r1.eps_rel[e]), "feasible1": int(r1.feasible[e]),
