@@ -1,4 +1,4 @@
-"""The ``kktlab`` command line: run, status, verify, show, experiments, report."""
+"""The ``kktlab`` command line: run, submit, deploy, status, verify, show, table, experiments, report."""
 
 from __future__ import annotations
 
