@@ -11,6 +11,8 @@ export DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED := False
 export PREFECT_HOME ?= $(CURDIR)/.prefect
 PPORT   ?= 4200
 POOL    ?= kktlab-pool
+# seconds between flow-run heartbeats (make worker); make deploy crashes runs silent for 3x this
+HEARTBEAT ?= 30
 DPORT   ?= 8786
 DHOST   ?= 127.0.0.1
 GPU     ?=
@@ -47,10 +49,10 @@ server: install
 	PREFECT_UI_API_URL=http://127.0.0.1:$(PPORT)/api $(BIN)/prefect server start --host 127.0.0.1 --port $(PPORT)
 
 worker: install
-	PREFECT_API_URL=$(PREFECT_API_URL) $(BIN)/prefect worker start --pool $(POOL) --type process
+	PREFECT_API_URL=$(PREFECT_API_URL) PREFECT_FLOWS_HEARTBEAT_FREQUENCY=$(HEARTBEAT) $(BIN)/prefect worker start --pool $(POOL) --type process
 
 deploy: install
-	PREFECT_API_URL=$(PREFECT_API_URL) $(BIN)/kktlab deploy --pool $(POOL)
+	PREFECT_API_URL=$(PREFECT_API_URL) PREFECT_FLOWS_HEARTBEAT_FREQUENCY=$(HEARTBEAT) $(BIN)/kktlab deploy --pool $(POOL)
 
 dask-scheduler: install
 	$(BIN)/python -m deploy.launch scheduler --host $(DHOST) --port $(DPORT)

@@ -47,6 +47,57 @@ async def ensure_pool(name: str) -> None:
             pass
 
 
+CRASH_AUTOMATION = "kktlab: mark flow runs that stop sending heartbeats Crashed"
+HEARTBEATS_MISSED = 3  # a run is crashed after this many heartbeat periods without one
+
+
+def heartbeat_s() -> int:
+    """Seconds between a flow run's heartbeats (``PREFECT_FLOWS_HEARTBEAT_FREQUENCY``; workers and
+    ``kktlab deploy`` must agree: ``make worker`` and ``make deploy`` both set 30)."""
+    from prefect.settings import get_current_settings
+
+    return int(get_current_settings().flows.heartbeat_frequency or 180)
+
+
+def ensure_crash_automation(within_s: int | None = None) -> str:
+    """Prefect's own zombie detection (docs: "detect zombie flows"): an automation that marks a
+    running flow run Crashed when no heartbeat (nor a final state) follows its last heartbeat within
+    ``within_s`` seconds (default :data:`HEARTBEATS_MISSED` heartbeat periods), e.g. when its worker
+    process or machine died (issue 30 item 1). Made once per server; returns its id."""
+    from datetime import timedelta
+
+    from prefect.automations import Automation
+    from prefect.client.schemas.objects import StateType
+    from prefect.events.actions import ChangeFlowRunState
+    from prefect.events.schemas.automations import EventTrigger, Posture
+    from prefect.events.schemas.events import ResourceSpecification
+
+    within_s = within_s or HEARTBEATS_MISSED * heartbeat_s()
+    try:
+        have = Automation.read(name=CRASH_AUTOMATION)
+    except ValueError:  # none yet
+        have = None
+    if have is not None and int(have.trigger.within.total_seconds()) == within_s:
+        return str(have.id)
+    if have is not None:
+        have.delete()
+    made = Automation(
+        name=CRASH_AUTOMATION,
+        description=f"a flow run without a heartbeat for {within_s} s is marked Crashed; rerun its command to resume",
+        trigger=EventTrigger(
+            after={"prefect.flow-run.heartbeat"},
+            expect={"prefect.flow-run.heartbeat", "prefect.flow-run.Completed", "prefect.flow-run.Failed",
+                    "prefect.flow-run.Cancelled", "prefect.flow-run.Crashed"},
+            match=ResourceSpecification({"prefect.resource.id": ["prefect.flow-run.*"]}),
+            for_each={"prefect.resource.id"}, posture=Posture.Proactive, threshold=1,
+            within=timedelta(seconds=within_s)),
+        actions=[ChangeFlowRunState(state=StateType.CRASHED,
+                                    message=f"no heartbeat for {within_s} s: its worker or machine died; "
+                                            "rerun the same kktlab submit (or run) command to resume the store")],
+    ).create()
+    return str(made.id)
+
+
 def deploy_all(pool: str, experiments: dict[str, str]) -> list[str]:
     """One deployment per experiment (name -> description) of ``ENTRYPOINT`` on ``pool``."""
     from prefect import flow as prefect_flow

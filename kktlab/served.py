@@ -282,5 +282,10 @@ def cmd_deploy(args) -> int:
         return 0
     _api()
     ids = deploy_all(args.pool, described)
+    from deploy.prefect_deploy import HEARTBEATS_MISSED, ensure_crash_automation, heartbeat_s
+
+    ensure_crash_automation()
+    print(f"flow runs without a heartbeat for {HEARTBEATS_MISSED * heartbeat_s()} s are marked Crashed (workers must send one "
+          f"every {heartbeat_s()} s: PREFECT_FLOWS_HEARTBEAT_FREQUENCY)")
     print(f"deployed {len(ids)} deployments to work pool {args.pool}")
     return 0
