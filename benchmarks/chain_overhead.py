@@ -115,7 +115,9 @@ def handoff_delays(flow_run_name: str) -> tuple[list[float], list[float]]:
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, FlowRunFilterName
 
     with get_client(sync_client=True) as client:
-        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[flow_run_name])))
+        # runs are named "<config> @ <store>" (flows/run_ui.py)
+        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(like_=f"{flow_run_name} @ ")))
+        runs = [r for r in runs if r.name.startswith(f"{flow_run_name} @ ")]
         tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[runs[-1].id])))
     by_id = {t.id: t for t in tasks}
     started, ends = [], set()

@@ -82,7 +82,9 @@ def _task_runs(flow_run_name: str) -> list:
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, FlowRunFilterName
 
     with get_client(sync_client=True) as client:
-        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[flow_run_name])))
+        # runs are named "<config> @ <store>" (flows/run_ui.py)
+        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(like_=f"{flow_run_name} @ ")))
+        runs = [r for r in runs if r.name.startswith(f"{flow_run_name} @ ")]
         assert len(runs) == 1, [r.name for r in runs]
         return client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[runs[0].id])))
 
