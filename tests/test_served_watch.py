@@ -157,10 +157,14 @@ def test_the_run_in_the_ui_leads_to_the_results(run_chain, prefect_server):
     root = run_chain(dict(CHAIN, name="uichain"), "uichain", timeout=400)
     store = str(root / "chain.zarr")
 
-    async def query():
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, FlowRunFilterName
+
+    async def query():  # filtered on the server: the session's server holds every test's runs (pages)
         async with get_client() as client:
-            runs = [fr for fr in await client.read_flow_runs() if fr.name.startswith("uichain")]
-            return runs, await client.read_artifacts()
+            runs = await client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(like_="uichain")))
+            runs = [fr for fr in runs if fr.name.startswith("uichain")]
+            ids = [fr.id for fr in runs if fr.parent_task_run_id is None]
+            return runs, await client.read_artifacts(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=ids)))
 
     runs, artifacts = asyncio.run(query())
     parent = [fr for fr in runs if fr.parent_task_run_id is None]
