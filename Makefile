@@ -45,7 +45,9 @@ test-fast: install
 bench: install
 	$(BIN)/python benchmarks/run_all.py
 
+# a line every 10 s until the server answers (about a minute the first time), then one that it does
 server: install
+	$(BIN)/python -m deploy.launch wait http://127.0.0.1:$(PPORT)/api/health & \
 	PREFECT_UI_API_URL=http://127.0.0.1:$(PPORT)/api $(BIN)/prefect server start --host 127.0.0.1 --port $(PPORT)
 
 worker: install

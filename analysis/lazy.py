@@ -1,7 +1,8 @@
 """Figures of paper 003 from a store (spec 003 §4): Figs 2/3/5/6 from a ``single_step`` group
-(per-cell medians over test points, mean over seeds; the G-shape fit and G-init curves of §3.6 in
-green), Fig 4 left/right from a ``pgd`` group, Fig 7 histograms from the per-sample variables
-(:func:`histograms`, given the full group: the report passes scalars only)."""
+(per-cell medians over test points, mean over seeds with its 95 % interval as error bars; the
+G-shape fit and G-init curves of §3.6 in green), Fig 4 left/right from a ``pgd`` group (RTA vs R
+with error bars over seeds where the store has no Fig 4 grid), Fig 7 histograms from the
+per-sample variables (:func:`histograms`, given the full group: the report passes scalars only)."""
 
 from __future__ import annotations
 
@@ -65,6 +66,35 @@ def _mean(ds: xr.Dataset, var: str, keep: tuple[str, ...]) -> xr.DataArray:
     return da.mean([dim for dim in da.dims if dim not in keep], skipna=True)
 
 
+def _spread(ds: xr.Dataset, var: str, keep: tuple[str, ...]) -> tuple[xr.DataArray, xr.DataArray]:
+    """The 95 % half-width (1.96 sem over seeds) of ``var`` on :func:`kept` cells and the seeds per
+    point (n): each net (seed) is first averaged over the other non-``keep`` dims (restarts, ...).
+    The half-width is NaN where n < 2 (a group without a seed axis: n = 1)."""
+    da = ds[var].where(kept(ds)).where(np.isfinite(ds[var]))
+    per_net = da.mean([dim for dim in da.dims if dim not in keep and dim != "seed"], skipna=True)
+    if "seed" not in per_net.dims:
+        return xr.full_like(per_net, np.nan, dtype=float), per_net.notnull().astype(int)
+    n = per_net.notnull().sum("seed")
+    return 1.96 * per_net.std("seed", ddof=1, skipna=True) / np.sqrt(n.where(n > 1)), n
+
+
+def _bars(ax, x, mean, half, fmt: str, label: str, log: bool = False):
+    """One line with its 95 % interval as error bars (none where ``half`` is NaN)."""
+    mean, half = np.asarray(mean, dtype=float), np.nan_to_num(np.asarray(half, dtype=float))
+    if log:  # both axes log; a bar reaching 0 or below is clipped at the axis' floor
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+    return ax.errorbar(np.asarray(x, dtype=float), mean, yerr=half, fmt=fmt, capsize=2, ms=3, label=label)
+
+
+def _over_seeds(ns) -> str:
+    """'mean ± 95 % interval over seeds (n = 2/3 per point)', or '1 seed per point: no interval'."""
+    counts = sorted({int(v) for n in ns for v in np.ravel(np.asarray(n)) if int(v) > 0})
+    if not counts or counts[-1] < 2:
+        return "1 seed per point: no interval"
+    return f"mean ± 95 % interval over seeds (n = {'/'.join(map(str, counts))} per point)"
+
+
 def g_shape(d: np.ndarray, y: np.ndarray, alpha: float) -> float:
     """c of ``y = c d^α`` at fixed α: ``exp(mean(log y - α log d))`` (spec §3.6 G-shape)."""
     ok = np.isfinite(y) & (y > 0)
@@ -94,10 +124,11 @@ def _panels(ds: xr.Dataset, out: pathlib.Path, prefix: str, by: str, fixed: dict
     raw = fixed.get("variant") == "raw"
     for var in ("med_delta_rel", "med_gnorm", "med_eta_rel" if raw else "med_eta_star"):
         da = _mean(sub, var, ("d", by))
+        half, n = _spread(sub, var, ("d", by))
         d = da["d"].values.astype(float)
         fig, ax = plt.subplots(figsize=(4.2, 3.4))
         for val in da[by].values:
-            ax.loglog(d, da.sel({by: val}).values, "o-", label=f"{by} = {val:g}")
+            _bars(ax, d, da.sel({by: val}).values, half.sel({by: val}).values, "o-", f"{by} = {val:g}", log=True)
         top = da.sel({by: da[by].values.max()}).values
         c = g_shape(d, top, SLOPE[var])
         ax.loglog(d, c * d ** SLOPE[var], "g--", label=f"G-shape {c:.3g} d^{SLOPE[var]:g}")
@@ -108,7 +139,7 @@ def _panels(ds: xr.Dataset, out: pathlib.Path, prefix: str, by: str, fixed: dict
             ax.loglog(d, plug, "g-.", label="G-plugin (median t_thm)")
         ax.set_xlabel("d")
         ax.set_ylabel(LABEL[var] + " (median over test points)")
-        paths.append(finish(fig, ax, out / f"{prefix}{tag}_{var}.png", f"{tag}: {LABEL[var]} vs d"))
+        paths.append(finish(fig, ax, out / f"{prefix}{tag}_{var}.png", f"{tag}: {LABEL[var]} vs d\n{_over_seeds([n])}"))
     return paths
 
 
@@ -185,14 +216,16 @@ def pgd_figures(ds: xr.Dataset, out: pathlib.Path, prefix: str) -> list[pathlib.
         ax.set_ylabel("V")
         paths.append(finish(fig, ax, out / f"{prefix}fig4_right.png", "Fig 4 right: RTA over (m, V)" + gone))
     if "R" in ds.dims and not paths:  # RTA against R (CI-size stores)
-        da = _mean(ds, "rta", tuple(x for x in ("R", "V") if x in ds.dims))
+        keep = tuple(x for x in ("R", "V") if x in ds.dims)
+        da, (half, n) = _mean(ds, "rta", keep), _spread(ds, "rta", keep)
         fig, ax = plt.subplots(figsize=(4.2, 3.4))
         for v in (da["V"].values if "V" in da.dims else [None]):
-            y = da.sel(V=v).values if v is not None else da.values
-            ax.plot(da["R"].values, y, "o-", label=f"V = {v:g}" if v is not None else "")
+            at = {"V": v} if v is not None else {}
+            _bars(ax, da["R"].values, da.sel(at).values, half.sel(at).values, "o-", f"V = {v:g}" if v is not None else "")
         ax.set_xlabel("||δ||")
         ax.set_ylabel("robust test accuracy")
-        paths.append(finish(fig, ax, out / f"{prefix}rta_vs_R.png", "robust test accuracy vs budget" + gone))
+        paths.append(finish(fig, ax, out / f"{prefix}rta_vs_R.png",
+                            f"robust test accuracy vs budget\n{_over_seeds([n])}" + gone))
     return paths
 
 

@@ -9,16 +9,25 @@ then ε, δ of every θ̂(α) on S∖{l} are measured:
 - loop_kernel: the same kernel called once per (net, α);
 - loop_scipy: per (net, α), the explicit p × m gradient matrix and ``scipy.optimize.nnls`` (the
   spec's cross-check, the way a paper script computes it).
-The answers are checked equal (max |Δε|) on each run. Writes benchmarks/results/kkt_measure.json.
+- loop_scipy_nnls_only: the same ``nnls`` calls on matrices built beforehand (the peer at its
+  best: what scipy itself costs per problem, without the per-problem matrix construction).
+The answers are checked equal (max |Δε|) on each run. The methods run ``--repeats`` times,
+interleaved in a rotated order in this one process; each time is the minimum over the repeats
+(issue 33). numpy's BLAS runs one thread (``OPENBLAS_NUM_THREADS=1`` unless set), as torch does.
+Writes benchmarks/results/kkt_measure.json.
 
-    python benchmarks/kkt_measure.py [--E 8] [--A 32] [--d 200] [--m 10] [--n 64]
+    python benchmarks/kkt_measure.py [--E 8] [--A 32] [--d 200] [--m 10] [--n 64] [--repeats 3]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import pathlib
 import sys
+
+for _var in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")  # before numpy / torch load their BLAS
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
@@ -56,42 +65,64 @@ def main(argv=None):
     ap.add_argument("--n", type=int, default=64)
     ap.add_argument("--epochs", type=int, default=500)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=3)
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     W_hat, u, X, y, keep = sweep(a.E, a.A, a.d, a.m, a.n, a.epochs)
     args = (u[:, None], X[:, None], y[:, None], keep[:, None])
     kkt_measure(W_hat[:1, :1], u[:1, None], X[:1, None], y[:1, None], keep[:1, None])  # warm-up
-    t_batch, rb = timed(lambda: kkt_measure(W_hat, *args))
+    rb = kkt_measure(W_hat, *args)
 
     def loop_kernel():
         return torch.tensor([[float(kkt_measure(W_hat[e, i], u[e], X[e], y[e], keep[e]).eps) for i in range(a.A)]
                              for e in range(a.E)], dtype=torch.float64)
 
-    def loop_scipy():
-        from scipy.optimize import nnls
+    from scipy.optimize import nnls
 
+    def problem(e, i):
+        W = W_hat[e, i]
+        q = y[e] * (torch.relu(X[e] @ W.T) @ u[e])
+        c = 1 / q[keep[e]].min()
+        S = relu_grad(W, X[e])
+        G = (y[e][:, None, None] * u[e][None, :, None] * S[:, :, None] * X[e][:, None, :])[keep[e]]
+        return G.reshape(G.shape[0], -1).T.numpy(), (c * W).flatten().numpy()
+
+    def loop_scipy():
         out = torch.zeros(a.E, a.A, dtype=torch.float64)
         for e in range(a.E):
             for i in range(a.A):
-                W = W_hat[e, i]
-                q = y[e] * (torch.relu(X[e] @ W.T) @ u[e])
-                c = 1 / q[keep[e]].min()
-                S = relu_grad(W, X[e])
-                G = (y[e][:, None, None] * u[e][None, :, None] * S[:, :, None] * X[e][:, None, :])[keep[e]]
-                out[e, i] = nnls(G.reshape(G.shape[0], -1).T.numpy(), (c * W).flatten().numpy(), maxiter=10_000)[1]
+                out[e, i] = nnls(*problem(e, i), maxiter=10_000)[1]
         return out
 
-    t_loop, e_loop = timed(loop_kernel)
-    t_scipy, e_scipy = timed(loop_scipy)
+    built = [[problem(e, i) for i in range(a.A)] for e in range(a.E)]
+
+    def loop_scipy_nnls_only():
+        return torch.tensor([[nnls(*built[e][i], maxiter=10_000)[1] for i in range(a.A)] for e in range(a.E)],
+                            dtype=torch.float64)
+
+    fns = {"batched": lambda: kkt_measure(W_hat, *args).eps, "loop_kernel": loop_kernel, "loop_scipy": loop_scipy,
+           "loop_scipy_nnls_only": loop_scipy_nnls_only}
+    times, outs = {k: [] for k in fns}, {}
+    for r in range(a.repeats):
+        names = list(fns)[r % len(fns):] + list(fns)[:r % len(fns)]
+        for k in names:
+            t, outs[k] = timed(fns[k])
+            times[k].append(t)
+    t_batch, t_loop, t_scipy, t_nnls = (min(times[k]) for k in fns)
+    e_loop, e_scipy = outs["loop_kernel"], outs["loop_scipy"]
     agree_kernel = float((rb.eps - e_loop).abs().max())
     agree_scipy = float(((rb.eps - e_scipy).abs() / e_scipy).max())
     res = {"E": a.E, "A": a.A, "problems": a.E * a.A, "d": a.d, "m": a.m, "n": a.n, "threads": a.threads,
+           "repeats": a.repeats, "times_s": times, "blas_threads": os.environ.get("OPENBLAS_NUM_THREADS"),
            "t_batched_s": t_batch, "t_loop_kernel_s": t_loop, "t_loop_scipy_s": t_scipy,
-           "ratio_vs_loop_kernel": t_loop / t_batch, "ratio_vs_loop_scipy": t_scipy / t_batch,
+           "t_loop_scipy_nnls_only_s": t_nnls, "ratio_vs_loop_kernel": t_loop / t_batch,
+           "ratio_vs_loop_scipy": t_scipy / t_batch, "ratio_vs_scipy_nnls_only": t_nnls / t_batch,
+           "us_per_problem": {k: min(v) / (a.E * a.A) * 1e6 for k, v in times.items()},
            "max_abs_diff_eps_vs_loop_kernel": agree_kernel, "max_rel_diff_eps_vs_scipy": agree_scipy}
     print(f"K1 on {a.E} nets x {a.A} alphas (m={a.m}, d={a.d}, n={a.n}): batched {t_batch:.3f} s, "
           f"per-(net, alpha) kernel loop {t_loop:.3f} s ({res['ratio_vs_loop_kernel']:.1f}x), "
-          f"per-(net, alpha) scipy nnls on G {t_scipy:.3f} s ({res['ratio_vs_loop_scipy']:.1f}x); "
+          f"per-(net, alpha) scipy nnls on G {t_scipy:.3f} s ({res['ratio_vs_loop_scipy']:.1f}x), "
+          f"nnls alone {t_nnls:.3f} s ({res['ratio_vs_scipy_nnls_only']:.1f}x); "
           f"max |d eps| {agree_kernel:.2g}, max rel d eps vs scipy {agree_scipy:.2g}")
     write("kkt_measure", res)
     return res

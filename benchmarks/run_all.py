@@ -16,6 +16,7 @@ RESULTS = HERE / "results"
 
 BENCHES = {
     "train_batched": (["--quick"], ["--quick", "--E", "16", "256", "--net-steps", "5120"]),
+    "train_peer": ([], ["--quick"]),
     "train_per_net_flat": ([], ["--rounds", "3"]),
     "cstar_kkt": ([], ["--E", "16"]),
     "kernel_alternatives": ([], ["--repeats", "1", "--inner", "1", "--N", "1024", "--pg-iters", "1000"]),
@@ -40,7 +41,7 @@ def plot(out: pathlib.Path) -> pathlib.Path:
             for r in d["rows"]:
                 vs = r.get("vs_compiled_vmap", {}).get("steady_cpu")  # best kktlab mode, CPU time
                 pairs = [("loop / kktlab", r.get("methods", {}).get("loop", {}).get("kktlab_speedup")),
-                         (f"compiled vmap / {vs['best']}" if vs else "vmap_compiled / kktlab",
+                         (f"{vs.get('peer', 'vmap_compiled')} / {vs['best']}" if vs else "vmap_compiled / kktlab",
                           vs["ratio"] if vs else r.get("methods", {}).get("vmap_compiled", {}).get("kktlab_speedup"))]
                 for what, s in pairs:
                     if s:

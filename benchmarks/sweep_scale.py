@@ -11,9 +11,14 @@ from the one run:
   creation) cancels;
 * the files in each store, and files per cell;
 * on the large store: ``kktlab status``, ``verify``, ``show``, and ``open_results`` + a mean over
-  ``model_seed`` of three variables, each timed.
+  ``model_seed`` of three variables, each timed;
+* the cells' own maths, timed in this process (``compute_cells`` on the same cells, no Prefect,
+  Dask or store): the marginal cost less this is what orchestration and the store cost per cell;
+* with ``--kill-after S``: the large sweep is killed (SIGKILL to its process group) S seconds in
+  and run again; reported: cells written by each run (their sum must be the grid: every cell
+  written once) and the store's ``verify``.
 
-    python benchmarks/sweep_scale.py [--small 100] [--large 2000] [--bundle-size 64]
+    python benchmarks/sweep_scale.py [--small 100] [--large 10000] [--bundle-size 1024] [--kill-after 60]
 
 Writes ``benchmarks/results/sweep_scale.json``. Not a test: ratios and counts of one run.
 """
@@ -40,11 +45,58 @@ def config(n: int, bundle_size: int) -> dict:
             "params": {"estimator": "exact", "d": 2}, "runner": {"workers": 1, "bundle_size": bundle_size}}
 
 
-def kktlab(*args, env=None, timeout=7200) -> tuple[float, subprocess.CompletedProcess]:
+def kktlab(*args, env=None, timeout=7200, kill_after=None) -> tuple[float, subprocess.CompletedProcess]:
+    """Run the CLI; ``kill_after``: SIGKILL its whole process group (server, cluster) after that many s."""
+    import signal
+
     t0 = time.perf_counter()
-    res = subprocess.run([sys.executable, "-m", "kktlab.cli", *map(str, args)], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=timeout)
-    return time.perf_counter() - t0, res
+    proc = subprocess.Popen([sys.executable, "-m", "kktlab.cli", *map(str, args)], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=kill_after or timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL if kill_after else signal.SIGTERM)
+        out, err = proc.communicate()
+    return time.perf_counter() - t0, subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def maths_ms(n: int, bundle_size: int) -> float:
+    """The cells' own maths per cell, in this process: ``compute_cells`` on ``n`` cells of the config."""
+    import torch
+
+    from flows import config as config_mod
+    from flows.sweep import compute_cells
+
+    torch.set_num_threads(1)
+    cfg = config_mod.parse(config(n, bundle_size))
+    cells = cfg.cells()
+    compute_cells(cfg.exp, cells[:10], "cpu", None)  # warm
+    t0 = time.perf_counter()
+    compute_cells(cfg.exp, cells, "cpu", None)
+    return 1000 * (time.perf_counter() - t0) / n
+
+
+def killed_and_resumed(n: int, bundle_size: int, folder: pathlib.Path, env: dict, after: float) -> dict:
+    """The sweep killed ``after`` s in (SIGKILL to the process group), then run again to the end."""
+    import yaml
+
+    cfg = folder / f"kill{n}.yaml"
+    cfg.write_text(yaml.safe_dump(config(n, bundle_size)))
+    store = folder / f"kill{n}.zarr"
+    common = ("run", cfg, "--store", store, "--max-cells", max(n, 100_000))
+    _, first = kktlab(*common, env=env, kill_after=after)
+    from storage.query import status as store_status
+
+    done_after_kill = store_status(str(store))[0]["done"] if (store / "zarr.json").exists() else 0
+    wall, res = kktlab(*common, "--json", folder / f"kill{n}.json", env=env)
+    if res.returncode != 0:
+        raise SystemExit(f"the resumed run of {n} cells failed:\n{res.stderr[-3000:]}")
+    stats = json.loads((folder / f"kill{n}.json").read_text())
+    _, verify = kktlab("verify", store, env=env)
+    return {"cells": n, "killed_after_s": after, "killed_rc": first.returncode, "done_when_killed": done_after_kill,
+            "resumed_written": stats["written"], "resumed_done_before": stats["done_before"],
+            "each_cell_once": stats["done_before"] + stats["written"] == n and done_after_kill == stats["done_before"],
+            "resume_wall_s": round(wall, 2), "verify_rc": verify.returncode, "verify": verify.stdout.strip()[-300:]}
 
 
 def files(path: pathlib.Path) -> int:
@@ -83,8 +135,10 @@ def reads(store: pathlib.Path, env: dict) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--small", type=int, default=100)
-    ap.add_argument("--large", type=int, default=2000)
-    ap.add_argument("--bundle-size", type=int, default=64)
+    ap.add_argument("--large", type=int, default=10_000)
+    ap.add_argument("--bundle-size", type=int, default=1024)
+    ap.add_argument("--kill-after", type=float, default=0, help="also kill the large sweep this many s in, and resume")
+    ap.add_argument("--out", default="sweep_scale", help="name of the JSON in benchmarks/results/")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="kktlab-scale-") as tmp:
         folder = pathlib.Path(tmp)
@@ -93,18 +147,24 @@ def main() -> None:
         small = sweep(args.small, args.bundle_size, folder, env)
         large = sweep(args.large, args.bundle_size, folder, env)
         read = reads(large["store"], env)
+        killed = killed_and_resumed(args.large, args.bundle_size, folder, env, args.kill_after) if args.kill_after else None
+    maths = maths_ms(min(args.large, 2000), args.bundle_size)
     marginal_ms = 1000 * (large["wall_s"] - small["wall_s"]) / (large["cells"] - small["cells"])
     fixed_s = small["wall_s"] - small["cells"] * marginal_ms / 1000
     for r in (small, large):
         r.pop("store")
     payload = {"small": small, "large": large, "marginal_ms_per_cell": round(marginal_ms, 2),
                "fixed_s": round(fixed_s, 2), "reads_on_large": read, "bundle_size": args.bundle_size,
-               "machine": device_info("cpu")}
+               "maths_ms_per_cell": round(maths, 2), "overhead_ms_per_cell": round(marginal_ms - maths, 2),
+               "killed_and_resumed": killed, "machine": device_info("cpu")}
     print(f"marginal cost per cell: {marginal_ms:.2f} ms (fixed cost of a sweep: {fixed_s:.1f} s)")
     print(f"files: {small['files']} for {small['cells']} cells, {large['files']} for {large['cells']} cells "
           f"({large['files_per_cell']} per cell)")
     print("reads on the large store:", ", ".join(f"{k} {v}" for k, v in read.items()))
-    print("written:", write("sweep_scale", payload))
+    print(f"of which the cells' own maths: {maths:.2f} ms; orchestration and store: {marginal_ms - maths:.2f} ms")
+    if killed:
+        print("killed and resumed:", killed)
+    print("written:", write(args.out, payload))
 
 
 if __name__ == "__main__":

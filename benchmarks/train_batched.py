@@ -13,6 +13,9 @@ log-space step of tasks/train/gd.py is then plain GD, θ ← θ - lr ∇L) with 
 - ``vmap``: a ``torch.func`` ensemble (``vmap(grad(loss))`` over stacked parameters);
 - ``vmap_compiled``: the same step under ``torch.compile`` (compile time reported apart, and
   amortised over ``--amortise-steps`` steps in ``us_per_net_step_amortised``);
+- ``vmap_compiled_chunked``: the compiled ensemble run in kktlab's own chunks of nets
+  (``auto_chunk`` + ``even_chunk``, each chunk all its steps before the next: the best simple form
+  of the peer, issue 33); kktlab is compared with the faster of the two compiled ensembles;
 - ``gemm``: a dense (1024 x 1024) GEMM of the row's dtype, the reference rate, and the step's own
   two batched GEMMs alone (``step_gemms_gflops``: the most the step can reach at that shape).
 
@@ -44,7 +47,8 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-METHODS = ("kktlab", "kktlab_compiled", "kktlab_whole", "loop", "vmap", "vmap_compiled")
+METHODS = ("kktlab", "kktlab_compiled", "kktlab_whole", "loop", "vmap", "vmap_compiled", "vmap_compiled_chunked")
+PEERS = ("vmap_compiled", "vmap_compiled_chunked")  # the compiled ensembles kktlab is compared with
 LR = 1e-3
 
 
@@ -86,6 +90,35 @@ def child(a) -> dict:
         out["step_gemms_gflops"] = 4 * a.n * a.d * a.k * c * reps / min(ts[1:]) / 1e9
         out["step_gemms_gflops_cpu"] = 4 * a.n * a.d * a.k * c * reps / min(cs[1:]) / 1e9
         return out
+    run = setup(a, out)
+    from torch._dynamo.utils import counters
+
+    graphs0 = counters["stats"]["unique_graphs"]
+    r0 = resource.getrusage(resource.RUSAGE_SELF)
+    t0 = time.perf_counter()
+    res = run()
+    t = time.perf_counter() - t0
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
+    out["compiles_while_timed"] = counters["stats"]["unique_graphs"] - graphs0
+    if isinstance(res, list):  # loop
+        res = tuple(torch.stack(t) for t in zip(*res))
+    elif not isinstance(res, tuple):
+        res = (res.W, res.b, res.v)
+    torch.save(tuple(r.contiguous() for r in res), a.params_out)
+    cpu = (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime)  # excludes time descheduled by other users
+    E, steps = a.E, a.steps
+    out.update(seconds=t, us_per_net_step=t / (E * steps) * 1e6, cpu_us_per_net_step=cpu / (E * steps) * 1e6,
+               faults_per_step=(r1.ru_minflt - r0.ru_minflt) / steps, peak_rss_mb=r1.ru_maxrss / 1024)
+    return out
+
+
+def setup(a, out: dict):
+    """Method ``a.method``'s training of the row's E nets for ``a.steps`` steps, as a function of no
+    arguments, after its warm-up (compiled methods: their compile, timed into ``out["compile_s"]``,
+    inductor's import included). Used by :func:`child` and by benchmarks/train_peer.py."""
+    import torch
+
+    dtype = getattr(torch, a.dtype)
     from tasks import data, train
 
     E, n, d, k, steps = a.E, a.n, a.d, a.k, a.steps
@@ -132,39 +165,29 @@ def child(a) -> dict:
             g = g_all(p, x, t)
             return tuple(pi - LR * gi for pi, gi in zip(p, g))
 
-        if a.method == "vmap_compiled":
+        # the chunked ensemble: kktlab's own chunks (auto_chunk, even_chunk), each chunk of nets
+        # all its steps before the next, so its activations stay in the cache (issue 33)
+        c = train.gd.even_chunk(E, train.auto_chunk(E, n, k, dtype, "cpu")) if a.method.endswith("_chunked") else E
+        if a.method.startswith("vmap_compiled"):
             # the clock starts before torch.compile(), which imports inductor (~2 s here): kktlab's
             # warm-up above pays that import inside its first call as well
             t0 = time.perf_counter()
             step = torch.compile(step, dynamic=False)
-            step((W, b, v), X, y)
+            for lo in range(0, E, c):  # every chunk shape (a smaller last chunk is one more graph)
+                step((W[lo:lo + c], b[lo:lo + c], v[lo:lo + c]), X[lo:lo + c], y[lo:lo + c])
             out["compile_s"] = time.perf_counter() - t0
         else:
             step((W, b, v), X, y)
 
         def run():
-            p = (W, b, v)
-            for _ in range(steps):
-                p = step(p, X, y)
-            return p
-    from torch._dynamo.utils import counters
-
-    graphs0 = counters["stats"]["unique_graphs"]
-    r0 = resource.getrusage(resource.RUSAGE_SELF)
-    t0 = time.perf_counter()
-    res = run()
-    t = time.perf_counter() - t0
-    r1 = resource.getrusage(resource.RUSAGE_SELF)
-    out["compiles_while_timed"] = counters["stats"]["unique_graphs"] - graphs0
-    if isinstance(res, list):  # loop
-        res = tuple(torch.stack(t) for t in zip(*res))
-    elif not isinstance(res, tuple):
-        res = (res.W, res.b, res.v)
-    torch.save(tuple(r.contiguous() for r in res), a.params_out)
-    cpu = (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime)  # excludes time descheduled by other users
-    out.update(seconds=t, us_per_net_step=t / (E * steps) * 1e6, cpu_us_per_net_step=cpu / (E * steps) * 1e6, faults_per_step=(r1.ru_minflt - r0.ru_minflt) / steps,
-               peak_rss_mb=r1.ru_maxrss / 1024)
-    return out
+            parts = []
+            for lo in range(0, E, c):
+                p, s = (W[lo:lo + c], b[lo:lo + c], v[lo:lo + c]), slice(lo, lo + c)
+                for _ in range(steps):
+                    p = step(p, X[s], y[s])
+                parts.append(p)
+            return tuple(torch.cat(t) for t in zip(*parts))
+    return run
 
 
 def worker_env(bare: bool) -> dict:
@@ -233,7 +256,7 @@ def grid_row(shape, E, a, env, tmp) -> dict:
         rec["gflops_cpu_at_min"] = fl / (min(cpu) * 1e-6) / 1e9
         rec["fraction_of_gemm_cpu"] = rec["gflops_cpu_at_min"] / gemm_cpu
         rec["fraction_of_step_gemms_cpu"] = rec["gflops_cpu_at_min"] / step_gemms_cpu
-        if m in ("vmap_compiled", "kktlab_compiled"):
+        if m in (*PEERS, "kktlab_compiled"):
             cs = min(o["compile_s"] for o in ok)
             rec["compile_s_min"] = cs
             rec["us_per_net_step_amortised"] = min(us) + cs / (E * a.amortise_steps) * 1e6
@@ -254,11 +277,13 @@ def compare(row, run_lengths) -> None:
     in wall and in CPU time, the steady state (best of eager and compiled at their minimum time)
     and each run length in ``run_lengths`` (compile time amortised over that many steps of the E
     nets; eager has none; compile time is wall time in both clocks), each with the mode that wins
-    there and the ratio (> 1: kktlab faster)."""
+    there and the ratio (> 1: kktlab faster). The peer is the faster of the compiled ensembles
+    measured (``PEERS``: unchunked and chunked like kktlab, issue 33) at that run length, named in
+    ``peer``; ``ratio_<peer>`` gives the ratio against each."""
     ms = row["methods"]
     modes = [m for m in ("kktlab", "kktlab_compiled") if "us_per_net_step_min" in ms.get(m, {})]
-    ref = ms.get("vmap_compiled", {})
-    if not modes or "us_per_net_step_min" not in ref:
+    peers = [m for m in PEERS if "us_per_net_step_min" in ms.get(m, {})]
+    if not modes or not peers:
         return
     out = {}
     for clock in ("", "cpu_"):
@@ -269,8 +294,11 @@ def compare(row, run_lengths) -> None:
         for steps in (None, *run_lengths):
             times = {m: per_net(ms[m], steps) for m in modes}
             best = min(times, key=times.get)
+            ref = {m: per_net(ms[m], steps) for m in peers}
+            peer = min(ref, key=ref.get)
             key = ("steady" if steps is None else f"amortised_{steps}_steps") + ("_cpu" if clock else "")
-            out[key] = {"best": best, "ratio": per_net(ref, steps) / times[best]}
+            out[key] = {"best": best, "peer": peer, "ratio": ref[peer] / times[best],
+                        **{f"ratio_{m}": ref[m] / times[best] for m in peers}}
     row["vs_compiled_vmap"] = out
 
 
@@ -282,7 +310,7 @@ def summary(row) -> str:
     parts = [head]
     for key, res in row.get("vs_compiled_vmap", {}).items():
         if key.endswith("_cpu"):
-            parts.append(f"{key[:-4]}: {res['best']} {res['ratio']:.2f}x compiled vmap")
+            parts.append(f"{key[:-4]}: {res['best']} {res['ratio']:.2f}x {res['peer']}")
     for m in METHODS[1:]:
         if m in ms and "kktlab_speedup" in ms[m]:
             parts.append(f"{m} {ms[m]['kktlab_speedup']:.2f}x")

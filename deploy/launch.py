@@ -86,15 +86,21 @@ def stop(proc: subprocess.Popen, grace: float = 3.0) -> None:
     proc.wait()
 
 
-def wait_http(url: str, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
+def wait_http(url: str, timeout: float = 120, say=None, say_every_s: float = 10.0) -> float:
+    """Wait until ``url`` answers 200; returns the seconds it took. ``say(line)``: called every
+    ``say_every_s`` while waiting (a Prefect server takes about a minute the first time: migrations)."""
+    t0 = time.monotonic()
+    deadline, said = t0 + timeout, t0
     while time.monotonic() < deadline:
         try:
             with urllib.request.urlopen(url, timeout=2) as r:
                 if r.status == 200:
-                    return
+                    return time.monotonic() - t0
         except OSError:
             time.sleep(0.3)
+        if say is not None and time.monotonic() - said >= say_every_s:
+            said = time.monotonic()
+            say(f"waiting for {url} to answer ({said - t0:.0f} s; a new Prefect server takes about a minute)")
     raise TimeoutError(f"{url} not healthy after {timeout} s")
 
 
@@ -142,6 +148,9 @@ def main(argv=None) -> int:
     s = sub.add_parser("scheduler", help="run a dask scheduler in the foreground")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8786)
+    h = sub.add_parser("wait", help="say every 10 s that URL does not answer yet, and when it does (make server)")
+    h.add_argument("url")
+    h.add_argument("--timeout", type=float, default=600)
     w = sub.add_parser("worker", help="run N single-threaded dask worker processes in the foreground")
     w.add_argument("address")
     w.add_argument("-n", "--nworkers", type=int, default=1, help="worker processes (one per core; GPU: one per GPU)")
@@ -149,6 +158,15 @@ def main(argv=None) -> int:
     w.add_argument("--name")
     w.add_argument("--gpu", action="store_true", help="advertise the GPU=1 resource (one worker per GPU)")
     a = ap.parse_args(argv)
+    if a.what == "wait":
+        say = lambda line: print(f"[kktlab] {line}", file=sys.stderr, flush=True)  # noqa: E731
+        try:
+            took = wait_http(a.url, a.timeout, say)
+        except TimeoutError as err:
+            say(str(err))
+            return 1
+        say(f"{a.url} answers (after {took:.0f} s): `make worker` and `make deploy` can start")
+        return 0
     if a.what == "scheduler":
         args, env = scheduler_args(a.host, a.port), {}
     else:

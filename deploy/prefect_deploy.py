@@ -59,11 +59,12 @@ def heartbeat_s() -> int:
     return int(get_current_settings().flows.heartbeat_frequency or 180)
 
 
-def ensure_crash_automation(within_s: int | None = None) -> str:
+def ensure_crash_automation(within_s: int | None = None) -> tuple[str, int]:
     """Prefect's own zombie detection (docs: "detect zombie flows"): an automation that marks a
     running flow run Crashed when no heartbeat (nor a final state) follows its last heartbeat within
     ``within_s`` seconds (default :data:`HEARTBEATS_MISSED` heartbeat periods), e.g. when its worker
-    process or machine died (issue 30 item 1). Made once per server; returns its id."""
+    process or machine died (issue 30 item 1). Made once per server; returns its id and the bound
+    (seconds without a heartbeat after which a run is marked Crashed)."""
     from datetime import timedelta
 
     from prefect.automations import Automation
@@ -78,7 +79,7 @@ def ensure_crash_automation(within_s: int | None = None) -> str:
     except ValueError:  # none yet
         have = None
     if have is not None and int(have.trigger.within.total_seconds()) == within_s:
-        return str(have.id)
+        return str(have.id), within_s
     if have is not None:
         have.delete()
     made = Automation(
@@ -95,21 +96,22 @@ def ensure_crash_automation(within_s: int | None = None) -> str:
                                     message=f"no heartbeat for {within_s} s: its worker or machine died; "
                                             "rerun the same kktlab submit (or run) command to resume the store")],
     ).create()
-    return str(made.id)
+    return str(made.id), within_s
 
 
 def deploy_all(pool: str, experiments: dict[str, str]) -> list[str]:
-    """One deployment per experiment (name -> description) of ``ENTRYPOINT`` on ``pool``."""
+    """One deployment per experiment (name -> description) of ``ENTRYPOINT`` on ``pool``, applied
+    in one call (Prefect prints one table of them all, not one per deployment)."""
+    from prefect import deploy
     from prefect import flow as prefect_flow
 
     asyncio.run(ensure_pool(pool))
-    ids = []
-    for name, description in experiments.items():
-        remote = prefect_flow.from_source(source=str(ROOT), entrypoint=ENTRYPOINT)
-        dep_id = remote.deploy(name=name, work_pool_name=pool, parameters={"config_path": "", "store": None},
-                               description=description, print_next_steps=False, ignore_warnings=True)
-        ids.append(str(dep_id))
-    return ids
+    remote = prefect_flow.from_source(source=str(ROOT), entrypoint=ENTRYPOINT)
+    deployments = [remote.to_deployment(name=name, work_pool_name=pool, description=description,
+                                        parameters={"config_path": "", "store": None})
+                   for name, description in experiments.items()]
+    ids = deploy(*deployments, work_pool_name=pool, print_next_steps_message=False, ignore_warnings=True)
+    return [str(i) for i in ids]
 
 
 def prefect_yaml(experiments: dict[str, str], pool: str = "kktlab-pool") -> str:

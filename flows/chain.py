@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import errno
 import json
+import pathlib
 import queue
 import time
 from collections import defaultdict
@@ -34,11 +35,17 @@ from flows import checkpoint as checkpoint_io
 from flows import result_cache
 from flows import run_ui
 from flows.result_cache import FAILED, HASH, NO_ROOM, REFUSED, ROOM_ERRNOS
+from flows.bundle_progress import BundleCancelled
 from flows.bundles import bundle_name, make_bundles, memory_budget
 from flows.progress import Progress
+from storage import bundle_progress as inside
 from storage import runlock
+from storage.consolidate import consolidate
 from storage.schema import UPSTREAM_HASH
 from storage.stale import read_another_version
+
+
+POLL_S = 2.0  # how often the flow reads the progress files of running bundles
 
 
 class Writer:
@@ -57,10 +64,11 @@ class Writer:
                     self.stats["failed"] += 1
                     if len(self.stats["failures"]) < 5:
                         self.stats["failures"].append(f"{self.store.cell_label(idx)}: {got[FAILED]}")
-            else:
-                ok = REFUSED not in got and self.store.mark_done(idx, int(got[HASH]), **self.kw)
-                self.stats["written"] += ok
-            self.stats["refused_done"] += not ok
+                self.stats["refused_done"] += not ok
+        stored = [(idx, int(got[HASH])) for (idx, _), got in zip(bundle, receipts) if HASH in got]
+        marked = self.store.mark_many([i for i, _ in stored], [h for _, h in stored], **self.kw)
+        self.stats["written"] += sum(marked)
+        self.stats["refused_done"] += len(bundle) - sum(FAILED in got for got in receipts) - sum(marked)
         self.stats["from_cache" if cached else "computed"] += len(bundle)
         self.progress.advance(len(bundle), cached=len(bundle) if cached else 0, failed=self.stats["failed"] - failed)
 
@@ -103,7 +111,9 @@ class Scheduler:
         runlock.note(store_path, [cfg.name for cfg in stages], _flow_run())  # whose lock it is, on the server
         run_ui.label(store_path, stages)  # the root run's name and tags (flows/run_ui.py)
         for cfg in stages:
-            store = open_store(cfg, store_path, cfg.runner["device"])
+            inside.clear(store_path, cfg.name)  # a killed run's progress files and cancel request (we hold the lock)
+            up_block = by_name[cfg.source].store.block() if cfg.source else None
+            store = open_store(cfg, store_path, cfg.runner["device"], up_block)
             stats = {"group": cfg.name, "store": str(store_path), "total": cfg.n_cells, "computed": 0,
                      "from_cache": 0, "written": 0, "failed": 0, "failures": [], "refused_done": 0, "bundles": 0}
             todo, done_before = plan(cfg, store, force, retry_failed, stats)
@@ -137,7 +147,7 @@ class Scheduler:
                 kept.append([by_index.pop(i) for i in receipt[1]])
                 st.receipts.remove(receipt)
         return kept + make_bundles(cfg.exp, list(by_index.values()), cfg.runner["bundle_size"],
-                                   memory_budget=budget, workers=self.workers)
+                                   memory_budget=budget, workers=self.workers, block=st.store.block())
 
     def _submit(self, st: _Stage, items: list, wait_for=None) -> None:
         """Cut ``items`` (pending cells of one stage) into bundles; take each from the result
@@ -195,10 +205,41 @@ class Scheduler:
         st.pending.difference_update(tuple(idx) for idx, _ in bundle)
         result_cache.remove(cpath)
         checkpoint_io.remove(ckpt)
+        inside.remove(self.path, st.cfg.name, pathlib.Path(cpath).stem)  # its progress file (issue 30)
         self._release(st, bundle, fut)
 
     # --- running ---------------------------------------------------------------------------
     def run(self) -> list[dict]:
+        """Submit, store what comes back, and on any way out but the normal one (a cancelled flow run's
+        TerminationSignal, Ctrl-C, an error) ask the bundles still running to stop (issue 30 item 1)."""
+        try:
+            return self._run()
+        except BaseException:
+            self.stop_bundles()
+            raise
+
+    def stop_bundles(self) -> None:
+        """The cancel request of every stage with bundles in flight (flows/bundle_progress.py: workers
+        at an ``address`` stop at their next progress report; a local cluster is closed anyway), and
+        their futures cancelled; checkpoints stay, so the rerun resumes."""
+        for st in {id(s): s for s, *_ in self.futures.values()}.values():
+            try:
+                inside.request_cancel(self.path, st.cfg.name, "the run stopped")
+            except OSError:
+                pass
+        for fut in self.futures:
+            try:
+                fut.wrapped_future.cancel()  # the Dask future (a thread's for the inline runner)
+            except Exception:  # noqa: BLE001 - a finished or lost future has nothing to cancel
+                pass
+
+    def _poll_inside(self) -> None:
+        """Each stage's running bundles, as their progress files say (at most every POLL_S s)."""
+        for st in self.stages:
+            if st.writer is not None and st.pending:
+                st.writer.progress.inside(inside.summary(inside.read(self.path, st.cfg.name)))
+
+    def _run(self) -> list[dict]:
         for st in self.stages:
             if not st.todo:
                 continue
@@ -206,18 +247,24 @@ class Scheduler:
                 self._submit(st, st.todo)
                 continue
             ready = []
-            for idx, cell in st.todo:
-                up = tuple(idx[:st.k])
-                (st.waiting[up].append((idx, cell)) if up in st.up.pending else ready.append((idx, cell)))
-            if ready:
+            for unit in _by_block(st.todo, st.store.block()):  # a block's cells go together (storage/blocks.py)
+                up = next((tuple(idx[:st.k]) for idx, _ in unit if tuple(idx[:st.k]) in st.up.pending), None)
+                (st.waiting[up].extend(unit) if up is not None else ready.extend(unit))  # its upstream cells
+            if ready:  # pending lie in one upstream block, so one upstream bundle releases the block
                 self._submit(st, ready)
         pending = len(self.futures)
         while pending:
-            fut = self.done_q.get()
+            try:
+                fut = self.done_q.get(timeout=POLL_S)
+            except queue.Empty:
+                self._poll_inside()
+                continue
             pending -= 1
             st, bundle, ckpt, cpath = self.futures[fut]
             try:
                 results = fut.result()
+            except BundleCancelled as err:
+                raise UserError(f"{err}: the cells stored stay, checkpoints are kept; the same command resumes") from err
             except UserError as err:  # bad input: not retried
                 cells = ", ".join(json.dumps(cell, default=str) for _, cell in bundle[:2])
                 raise UserError(f"a bundle of {len(bundle)} cells of stage '{st.cfg.name}' failed on bad input "
@@ -242,9 +289,19 @@ class Scheduler:
                 st.stats["stray_receipts_removed"] = len(stray)
             if self.no_room:
                 st.stats["no_room"] = self.no_room
+            inside.clear(self.path, st.cfg.name)
+        consolidate(self.path)  # the run's end: plain xr.open_zarr(store, group=...) opens it (storage/consolidate.py)
         run_ui.finish(self.path, [st.stats for st in self.stages], [st.cfg.experiment for st in self.stages],
                       [st.writer.progress.line().removeprefix("[kktlab] ") for st in self.stages if st.writer])
         return [st.stats for st in self.stages]
+
+
+def _by_block(items: list, block: tuple[int, ...]) -> list[list]:
+    """``(index, cell)`` pairs grouped by the block that holds them."""
+    units: dict[tuple, list] = {}
+    for item in items:
+        units.setdefault(tuple(int(i) // b for i, b in zip(item[0], block)), []).append(item)
+    return list(units.values())
 
 
 def _flow_run() -> dict:

@@ -34,6 +34,9 @@ def save(path: str, st: train.TrainState, generators: list[torch.Generator],
     tmp = f"{path}.tmp{os.getpid()}"
     torch.save(payload, tmp)
     os.replace(tmp, path)
+    from flows import bundle_progress
+
+    bundle_progress.current().checkpointed()  # its time in the bundle's progress file (issue 30)
 
 
 def load(path: str, device, dtype, generators: list[torch.Generator],

@@ -71,6 +71,8 @@ RUNNER = {
     "threads_per_worker": Param(int, 1, "threads per worker (torch uses 1 thread per task)", min=1, max=256),
     "device": Param(str, "auto", "where kernels run", choices=("auto", "cpu", "cuda")),
     "bundle_size": Param(int, 64, "most cells per bundle (one Prefect task)", min=1, max=100_000),
+    "chunk_cells": Param(int, 0, "most cells of one Zarr chunk of a new group (0: bundle_size; 1: a chunk per "
+                         "cell, as stores made before issue 33)", min=0, max=100_000),
     "retries": Param(int, 2, "retries of a bundle lost with its worker", min=0, max=100),
     "max_cells": Param(int, 100_000, "most grid cells (each is a dict in memory and a Prefect task input; "
                        "--max-cells raises it)", min=1),
@@ -192,7 +194,10 @@ def as_range(values: list) -> dict | None:
 
 
 def coerce(field: str, p: Param, value: Any) -> Any:
-    """Check one value against its Param; return it in the Param's type."""
+    """Check one value against its Param; return it in the Param's type (or one of its choices,
+    type for type: ``compile_step`` takes false, true or "auto")."""
+    if p.choices is not None and any(type(value) is type(c) and value == c for c in p.choices):
+        return value
     if p.type is float and isinstance(value, int) and not isinstance(value, bool):
         try:
             value = float(value)

@@ -33,22 +33,24 @@ class Event:
     eta_s: float | None = None
     cached: int = 0
     failed: int = 0
+    inside: str = ""  # the running bundles' own progress (storage/bundle_progress.py ``summary``)
 
     @property
     def percent(self) -> float:
         return 100.0 * self.done / self.total if self.total else 100.0
 
     def line(self) -> str:
-        """``[kktlab] nets: cells 12/40 (30%) elapsed 0:00:12 ETA 0:00:28, 4 from cache, 1 failed``."""
+        """``[kktlab] nets: cells 12/40 (30%) elapsed 0:00:12 ETA 0:00:28, 4 from cache, 1 failed``, and
+        while bundles run, ``; bundle nets d=25 (2 cells): step 3000/150000 (2%), loss 1e-12.0 (target 1e-30)``."""
         extra = "".join(f", {n} {what}" for n, what in ((self.cached, "from cache"), (self.failed, "failed")) if n)
         eta = hms(self.eta_s) if self.eta_s is not None else "?"
         return (f"[kktlab] {self.stage}: cells {self.done}/{self.total} ({self.percent:.0f}%) "
-                f"elapsed {hms(self.elapsed_s)} ETA {eta}{extra}")
+                f"elapsed {hms(self.elapsed_s)} ETA {eta}{extra}" + (f"; {self.inside}" if self.inside else ""))
 
 
 _LINE = re.compile(r"(?:\[kktlab\] )?(?P<stage>.+?): cells (?P<done>\d+)/(?P<total>\d+) \(\d+%\) "
                    r"elapsed (?P<elapsed>[\d:]+) ETA (?P<eta>[\d:]+|\?)"
-                   r"(?:, (?P<cached>\d+) from cache)?(?:, (?P<failed>\d+) failed)?\s*$")
+                   r"(?:, (?P<cached>\d+) from cache)?(?:, (?P<failed>\d+) failed)?(?:; (?P<inside>.*?))?\s*$")
 
 
 def _seconds(text: str) -> float:
@@ -63,7 +65,8 @@ def parse_line(text: str) -> Event | None:
     if not m:
         return None
     return Event(m["stage"], int(m["done"]), int(m["total"]), _seconds(m["elapsed"]),
-                 None if m["eta"] == "?" else _seconds(m["eta"]), int(m["cached"] or 0), int(m["failed"] or 0))
+                 None if m["eta"] == "?" else _seconds(m["eta"]), int(m["cached"] or 0), int(m["failed"] or 0),
+                 m["inside"] or "")
 
 
 # where each progress event also goes (``kktlab run`` in a terminal: live bars, kktlab/progress_view.py);
@@ -144,6 +147,7 @@ class Progress:
         self.total, self.done, self.label = total, already, label
         self.start_done, self.clock, self.t0 = already, clock, None
         self.cached = self.failed = 0
+        self.inside_line = ""  # what the running bundles say of themselves (:meth:`inside`)
         self.stream = stream or sys.stderr
         self.every_s, self.last = every_s, float("-inf")
         self.run_id = _root_flow_run_id()
@@ -173,7 +177,15 @@ class Progress:
         return self.elapsed() / computed * (self.total - self.done)
 
     def event(self) -> Event:
-        return Event(self.label, self.done, self.total, self.elapsed(), self.eta(), self.cached, self.failed)
+        return Event(self.label, self.done, self.total, self.elapsed(), self.eta(), self.cached, self.failed,
+                     self.inside_line if self.done < self.total else "")
+
+    def inside(self, line: str) -> None:
+        """The running bundles' progress (polled from their files by the flow, flows/chain.py): a new
+        line goes to the bars, the log and the stage's card."""
+        if line != self.inside_line:
+            self.inside_line = line
+            self.emit(force=True)
 
     def line(self) -> str:
         return self.event().line()

@@ -14,9 +14,11 @@ FLOW_NAME = "kktlab-submit"
 
 @flow(name=FLOW_NAME, log_prints=True, validate_parameters=False)
 def submit(config_path: str, store: str | None = None, overrides: dict | None = None, force: bool = False,
-           verbose: bool = False) -> dict:
+           verbose: bool = False, wait: bool = False) -> dict:
     """Run the sweep of ``config_path`` (with top-level ``overrides``) into ``store``; ``verbose``
-    (``kktlab submit --verbose``): the local cluster's and prefect-dask's INFO lines in the logs."""
+    (``kktlab submit --verbose``): the local cluster's and prefect-dask's INFO lines in the logs;
+    ``wait`` (``kktlab submit --wait``): wait for another run computing one of its groups instead of
+    failing (storage/runlock.py)."""
     from deploy import runtime
     from flows import config as config_mod
     from flows.sweep import run
@@ -25,7 +27,7 @@ def submit(config_path: str, store: str | None = None, overrides: dict | None = 
     runtime.quiet_logs(verbose)
     cfg = config_mod.load(config_path, overrides or {})
     path = cfg.store_path(store)
-    stats = run(cfg, path, force=force)
+    stats = run(cfg, path, force=force, wait=wait)
     for st in stats if isinstance(stats, list) else [stats]:  # a chain: one per stage
         print(f"kktlab: {st['written']} cells written to {path} group {st['group']} "
               f"({st['done_before']} were done before, {st['total']} in all)")

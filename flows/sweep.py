@@ -2,7 +2,7 @@
 
 Each bundle (cells that share shapes) is one Prefect task run on a Dask worker. Prefect keeps no
 results (nothing is pickled) and no array leaves the worker: the worker writes its cells' regions
-of the store (each cell owns its chunks: one writer per chunk) and then a receipt beside the store
+of the store (a chunk's cells are one bundle's, storage/blocks.py: one writer per chunk) and then a receipt beside the store
 (:mod:`flows.result_cache`, keyed on the cells, kernel code, device and versions, never the run
 id) and returns the receipt, a few numbers per cell; the flow process marks each cell ``done``
 and drops the receipt, so a killed sweep resumes where it stopped and no cell is written twice.
@@ -30,6 +30,7 @@ from flows import config as config_mod
 from flows import experiments
 from flows import result_cache
 from flows.result_cache import FAILED, NO_ROOM, ROOM_ERRNOS
+from storage import consolidate
 from storage.schema import UPSTREAM_HASH
 from storage.store import Store
 
@@ -143,16 +144,13 @@ def write_bundle(target: dict, results: list[dict]) -> list[dict]:
 
     store = Store(target["store"], target["group"])
     kw = {"force": target.get("force", False), "replace_failed": target.get("replace_failed", False)}
-    out = []
-    for idx, values in zip(target["indices"], results):
-        if FAILED in values:
-            out.append({FAILED: values[FAILED]})
-            continue
-        h = store.write_values(tuple(idx), values, **kw)
-        receipt = {result_cache.REFUSED: 1} if h is None else {result_cache.HASH: h}
-        if h is not None and UPSTREAM_HASH in values:
-            receipt[UPSTREAM_HASH] = int(values[UPSTREAM_HASH])
-        out.append(receipt)
+    computed = [i for i, values in enumerate(results) if FAILED not in values]
+    hashes = store.write_many([target["indices"][i] for i in computed], [results[i] for i in computed], **kw)
+    out = [{FAILED: values[FAILED]} if FAILED in values else None for values in results]
+    for i, h in zip(computed, hashes):
+        out[i] = {result_cache.REFUSED: 1} if h is None else {result_cache.HASH: h}
+        if h is not None and UPSTREAM_HASH in results[i]:
+            out[i][UPSTREAM_HASH] = int(results[i][UPSTREAM_HASH])
     return out
 
 
@@ -173,8 +171,11 @@ def run_bundle(experiment: str, cells: list[dict], device: str, checkpoint: str 
     if target and _free_bytes(target["store"]) < MIN_FREE:  # a full disk: nothing to compute for
         return [{NO_ROOM: os.strerror(errno.ENOSPC)}] * len(cells)
     try:
-        results = (compute_reading(exp, cells, device, inputs) if inputs
-                   else compute_cells(exp, cells, device, checkpoint))
+        from flows.bundle_progress import reporting  # issue 30: the bundle's progress file, its cancel check
+
+        with reporting(target, cache_key, cells=len(cells)):
+            results = (compute_reading(exp, cells, device, inputs) if inputs
+                       else compute_cells(exp, cells, device, checkpoint))
         if target:
             results = write_bundle(target, results)
         if cache_path:
@@ -246,14 +247,19 @@ def plan(cfg: config_mod.Config, store: Store, force: bool, retry_failed: bool =
     return todo, int(done.sum())
 
 
-def open_store(cfg: config_mod.Config, store_path: str, device: str) -> Store:
+def open_store(cfg: config_mod.Config, store_path: str, device: str, up_block: tuple | None = None) -> Store:
     """The store group of one stage (dims: its upstream's, then its own axes), made from the
-    template if new."""
+    template if new, chunked by blocks of cells (``up_block``: its upstream group's block, for a
+    reading stage: flows/bundles.py::block_for)."""
     exp = cfg.exp
+    consolidate.invalidate(store_path)  # a run changes the store: no stale consolidated view (storage/consolidate.py)
     store = Store(store_path, cfg.name)
+    from flows.bundles import block_for
+
+    new = not (pathlib.Path(store_path) / cfg.name / "zarr.json").is_file()
     return store.open_or_create(exp, cfg.store_grid, cfg.params, cases=cfg.cases, source=cfg.source,
                                 config_text=cfg.text or json.dumps(cfg.to_dict()),
-                                extra_sizes=cfg.extra_sizes(), device=device)
+                                extra_sizes=cfg.extra_sizes(), device=device, block=block_for(cfg, up_block) if new else None)
 
 
 @flow(name="kktlab-sweep", log_prints=False, validate_parameters=False)

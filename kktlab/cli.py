@@ -1,8 +1,9 @@
-"""The ``kktlab`` command line: run, submit, deploy, status, verify, show, table, experiments, report."""
+"""The ``kktlab`` command line: run, submit, cancel, deploy, status, verify, show, table, experiments, report."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -121,7 +122,9 @@ def cmd_run(args) -> int:
             open_store(stage, store, stage.runner["device"])
     all_stats = []
     try:
-        with runtime.prefect_api():  # stopped on the way out, whatever happens (SIGTERM included)
+        # the run lock of every group (storage/runlock.py) before any server or cluster starts: another
+        # run computing one of them refuses this one here, in one line, or (--wait) is waited for here
+        with _run_locks(cfgs, stores, args.wait), runtime.prefect_api():  # both released on every way out
             for cfg, store in zip(cfgs, stores):
                 for stage in cfg.stages:
                     print(f"[kktlab] {stage.experiment} '{stage.name}': {stage.n_cells} cells -> {store}",
@@ -146,6 +149,20 @@ def cmd_run(args) -> int:
               "rerun with --retry-failed to compute them again", file=sys.stderr)
         return 3
     return 0
+
+
+@contextlib.contextmanager
+def _run_locks(cfgs, stores, wait: bool):
+    """Hold the run lock of every group of every config, per store (flows.sweep.run finds them held)."""
+    from storage import runlock
+
+    groups: dict[str, set] = {}
+    for cfg, store in zip(cfgs, stores):
+        groups.setdefault(store, set()).update(stage.name for stage in cfg.stages)
+    with contextlib.ExitStack() as stack:
+        for store in sorted(groups):
+            stack.enter_context(runlock.hold(store, groups[store], wait=wait))
+        yield
 
 
 def _check_group(stage, store: str, planned: dict, field: str = "") -> None:
@@ -201,6 +218,8 @@ def cmd_status(args) -> int:
     """Cells done / total per group, and for a group part done the pace of its current run and an
     ETA (storage/pace.py); done cells that are damaged (storage/verify.py) are not counted as done
     but named below (exit status 1); stale done cells (storage/stale.py) are named too."""
+    from storage import runlock
+    from storage.bundle_progress import status_lines as inside_lines
     from storage.pace import pace
     from storage.query import status
     from storage.stale import status_lines as stale_lines
@@ -225,6 +244,9 @@ def cmd_status(args) -> int:
         p = pace(args.store, r.group, r.sound) if 0 < r.sound < r.total else None
         if p is not None:
             print(f"  {p.line()}")
+        if r.sound < r.total and runlock.held_by(args.store, r.group) is not None:  # a run computes it now
+            for line in inside_lines(args.store, r.group, SHOWN_DAMAGED):  # storage/bundle_progress.py
+                print(line)
         for line in _damage_lines(args.store, r):
             print(line)
         for cell, err in list(row.get("failures", {}).items())[:SHOWN_DAMAGED]:
@@ -319,6 +341,8 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--dask-address", help="run the sweep on this Dask scheduler")
     s.add_argument("--force", action="store_true")
     s.add_argument("--watch", action="store_true", help="follow the flow run to its end (progress per stage)")
+    s.add_argument("--wait", action="store_true",
+                   help="wait for another run computing a group of the store to finish, then queue")
     s.add_argument("--max-cells", type=int, help="allow a grid of up to this many cells (runner.max_cells)")
     s.add_argument("--verbose", action="store_true", help="the flow run logs Prefect's and Dask's INFO lines")
     s.set_defaults(fn=served.cmd_submit)
@@ -326,6 +350,9 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--pool", default="kktlab-pool")
     s.add_argument("--write-yaml", metavar="FILE", help="write the deployments as a prefect.yaml instead")
     s.set_defaults(fn=served.cmd_deploy)
+    s = sub.add_parser("cancel", help="stop the run computing a store: its Prefect flow run and its Dask work")
+    s.add_argument("store")
+    s.set_defaults(fn=served.cmd_cancel)
     s = sub.add_parser("status", help="cells done / total per experiment")
     s.add_argument("store")
     s.set_defaults(fn=cmd_status)

@@ -13,9 +13,10 @@ import numpy as np
 ZARR_JSON = 1  # metadata file per array (and per group)
 
 
-def stage_plan(cfg, store: str) -> dict:
-    """The numbers of one stage (a :class:`flows.config.Config` of a chain or a single config)."""
-    from flows.bundles import make_bundles, memory_budget
+def stage_plan(cfg, store: str, up_block: tuple | None = None) -> dict:
+    """The numbers of one stage (a :class:`flows.config.Config` of a chain or a single config);
+    ``up_block``: the block of the stage it reads from (storage/blocks.py)."""
+    from flows.bundles import block_for, make_bundles, memory_budget
     from storage import schema
 
     exp, n = cfg.exp, cfg.n_cells
@@ -26,22 +27,22 @@ def stage_plan(cfg, store: str) -> dict:
     per_upstream = len(make_bundles(exp, items, cfg.runner["bundle_size"], memory_budget=budget,
                                     workers=cfg.runner["workers"]))
     ups = n // max(len(own), 1)
-    files, nbytes = len(cfg.store_grid) * ZARR_JSON + ZARR_JSON, 0
-    for name, var in exp.variables.items():
-        if any(extra.get(d, 1) == 0 for d in var.dims):
-            continue
-        cell_bytes = np.dtype(var.dtype).itemsize * math.prod(extra.get(d, 1) for d in var.dims)
-        files += n + ZARR_JSON
-        nbytes += n * cell_bytes
-    hashes = 1 + bool(exp.reads)  # done, failed, cell_hash (, upstream_hash)
-    files += (2 + hashes) * (n + ZARR_JSON)
-    nbytes += n * (2 + 8 * hashes)
+    block = block_for(cfg, up_block)  # a new group's chunk of cells (storage/blocks.py)
+    ds = schema.template(exp, cfg.store_grid, extra, block)  # lazy: what the store is made from
+    files = ZARR_JSON + sum(ZARR_JSON + math.prod(math.ceil(s / c) for s, c in zip(var.shape, _chunks(var)))
+                            for var in ds.variables.values())
+    nbytes = sum(var.size * var.dtype.itemsize for var in ds.data_vars.values())
     largest = max(own, key=exp.memory) if own else {}
     held = _done(store, cfg.name)
     return {"stage": cfg.name, "experiment": exp.name, "cells": n, "done": held,
             "bundles": per_upstream * ups,  # a reading stage: its own cells' bundles per upstream cell
-            "files": files, "bytes": nbytes, "largest_cell_bytes": exp.memory(largest) if own else 0.0,
+            "files": files, "bytes": nbytes, "block": list(block), "largest_cell_bytes": exp.memory(largest) if own else 0.0,
             "largest_cell": {k: largest[k] for k in exp.memory_fields if k in largest}, "checksum": schema.CHECKSUM}
+
+
+def _chunks(var) -> tuple[int, ...]:
+    """The Zarr chunks of a template variable (a coordinate: one chunk)."""
+    return tuple(var.encoding.get("chunks") or var.shape)
 
 
 def _done(store: str, group: str) -> int | None:
@@ -64,13 +65,16 @@ def _size(b: float) -> str:
 def print_plan(cfgs, stores, out=sys.stdout) -> None:
     """One block per config: a line per stage and the store's totals."""
     for cfg, store in zip(cfgs, stores):
-        rows = [stage_plan(stage, store) for stage in cfg.stages]
+        rows, by_name = [], {}
+        for stage in cfg.stages:
+            rows.append(stage_plan(stage, store, by_name.get(stage.source)))
+            by_name[stage.name] = tuple(rows[-1]["block"])
         print(f"[dry run] {cfg.name} -> {store} (nothing is started or written)", file=out)
         for r in rows:
             held = "new group" if r["done"] is None else f"{r['done']:,} done already"
             fields = ", ".join(f"{k}={v}" for k, v in r["largest_cell"].items())
             print(f"  {r['stage']} ({r['experiment']}): {r['cells']:,} cells ({held}), ~{r['bundles']:,} bundles, "
-                  f"{r['files']:,} files, {_size(r['bytes'])} uncompressed; largest cell "
+                  f"{r['files']:,} files (a chunk per {math.prod(r['block']):,} cells), {_size(r['bytes'])} uncompressed; largest cell "
                   f"{_size(r['largest_cell_bytes']) if r['largest_cell_bytes'] else 'unknown'}"
                   + (f" ({fields})" if fields else ""), file=out)
         print(f"  store total: {sum(r['files'] for r in rows):,} files, "

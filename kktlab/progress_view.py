@@ -55,8 +55,9 @@ class Bars:
         if self.progress is None:
             return self._plain(event)
         fields = {"elapsed": hms(event.elapsed_s), "eta": hms(event.eta_s) if event.eta_s is not None else "?",
-                  "extra": ", ".join(f"{n} {what}" for n, what in ((event.cached, "from cache"),
-                                                                   (event.failed, "failed")) if n)}
+                  "extra": ", ".join([*(f"{n} {what}" for n, what in ((event.cached, "from cache"),
+                                                                       (event.failed, "failed")) if n),
+                                      *([event.inside] if event.inside else [])])}
         if event.stage not in self.tasks:
             self.tasks[event.stage] = self.progress.add_task(event.stage, total=event.total, completed=event.done,
                                                              **fields)
@@ -64,7 +65,7 @@ class Bars:
             self.progress.update(self.tasks[event.stage], total=event.total, completed=event.done, **fields)
 
     def _plain(self, event: Event) -> None:
-        now, counts = time.monotonic(), (event.done, event.total, event.cached, event.failed)
+        now, counts = time.monotonic(), (event.done, event.total, event.cached, event.failed, event.inside)
         last_t, last = self.last_plain.get(event.stage, (float("-inf"), None))
         if last == counts or (event.done < event.total and now - last_t < self.plain_every_s):
             return

@@ -4,7 +4,9 @@
 its first stage's) and prints the flow run's URL; with ``--watch`` it follows the run: the progress
 lines of each stage as the sweep logs them (cells done / total, ETA, from cache, failed), the
 final state, and one clear line and a non-zero exit when no worker picks the run up, the run
-fails or crashes, or Ctrl-C stops the watching (the run goes on on the server).
+fails or crashes, or Ctrl-C stops the watching (the run goes on on the server). A config one of
+whose groups another run is computing in the same store is refused before anything is queued, in
+one line naming that run and its flow run's page (storage/runlock.py); ``--wait`` waits for it.
 
 ``--watch`` rides out a restart of the server (issue 30): while the API does not answer it retries
 with backoff and says once every ``WAIT_LINE_S`` that it is waiting; a server lost for longer than
@@ -24,6 +26,7 @@ import time
 
 from core.errors import UserError
 from flows.progress import hms
+from storage import runlock
 
 # a run still scheduled after this long with no live worker in its pool: say so ($KKTLAB_NO_WORKER_S)
 NO_WORKER_S = float(os.environ.get("KKTLAB_NO_WORKER_S", "30"))
@@ -55,6 +58,10 @@ def cmd_submit(args) -> int:
         runner["max_cells"] = args.max_cells
     overrides = {"runner": runner} if runner else {}
     cfg = config_mod.load(args.config, overrides)  # validated here, before anything is queued
+    store = os.path.abspath(cfg.store_path(args.store))
+    # another run computing one of its groups (storage/runlock.py): refused here, in one line naming it
+    # (its flow run's page), or (--wait) waited for; before the server is asked anything
+    runlock.check(store, [stage.name for stage in cfg.stages], wait=getattr(args, "wait", False))
     api = _api()
     from deploy import runtime
 
@@ -67,8 +74,10 @@ def cmd_submit(args) -> int:
     from flows.run_ui import run_name, run_tags
 
     name = f"{FLOW_NAME}/{cfg.stages[0].experiment}"  # a chain runs under its first stage's deployment
-    params = {"config_path": os.path.abspath(args.config), "store": os.path.abspath(cfg.store_path(args.store)),
+    params = {"config_path": os.path.abspath(args.config), "store": store,
               "overrides": overrides, "force": args.force, "verbose": args.verbose}
+    if getattr(args, "wait", False):  # a run that takes a group between the check and its start: waited for too
+        params["wait"] = True
     try:
         run = run_deployment(name, parameters=params, timeout=0, flow_run_name=run_name(cfg.name, params["store"]),
                              tags=run_tags(cfg.name, [s.experiment for s in cfg.stages], params["store"]))
@@ -282,10 +291,73 @@ def cmd_deploy(args) -> int:
         return 0
     _api()
     ids = deploy_all(args.pool, described)
-    from deploy.prefect_deploy import HEARTBEATS_MISSED, ensure_crash_automation, heartbeat_s
+    from deploy.prefect_deploy import ensure_crash_automation, heartbeat_s
 
-    ensure_crash_automation()
-    print(f"flow runs without a heartbeat for {HEARTBEATS_MISSED * heartbeat_s()} s are marked Crashed (workers must send one "
+    _, bound_s = ensure_crash_automation()
+    print(f"flow runs without a heartbeat for {bound_s} s are marked Crashed (workers must send one "
           f"every {heartbeat_s()} s: PREFECT_FLOWS_HEARTBEAT_FREQUENCY)")
     print(f"deployed {len(ids)} deployments to work pool {args.pool}")
     return 0
+
+
+CANCEL_WAIT_S = float(os.environ.get("KKTLAB_CANCEL_WAIT_S", "60"))  # how long `kktlab cancel` waits for the run to let go
+
+
+def cmd_cancel(args) -> int:
+    """Stop the run computing ``store`` (issue 30 item 1): its bundles are asked to stop (the group's
+    cancel request, which every worker, local or at an ``address``, sees at its next progress report:
+    flows/bundle_progress.py), its Prefect flow run is set Cancelling (a Prefect worker then stops
+    the flow process, and with it a local Dask cluster); waits until the run has let go of its
+    groups. Checkpoints and stored cells stay: the same run / submit command resumes."""
+    import pathlib
+
+    from storage import bundle_progress, runlock
+
+    store = args.store.rstrip("/")
+    locks = sorted(pathlib.Path(store + runlock.SUFFIX).glob("*.lock"))
+    held = {p.stem: info for p in locks if (info := runlock.held_by(store, p.stem)) is not None}
+    if not held:
+        print(f"kktlab: no run computes {store} now; nothing to cancel")
+        return 0
+    runs = {}
+    for group, info in held.items():
+        bundle_progress.request_cancel(store, group, "kktlab cancel")
+        print(f"kktlab: group '{group}': its bundles are asked to stop ({runlock.describe(info)})", flush=True)
+        if info.get("flow_run_id"):
+            runs[info["flow_run_id"]] = info.get("flow_run_url") or info["flow_run_id"]
+    for run_id, where in runs.items():
+        print(f"kktlab: flow run {where}: {_cancel_flow_run(run_id, where)}", flush=True)
+    deadline = time.monotonic() + CANCEL_WAIT_S
+    while time.monotonic() < deadline and any(runlock.held_by(store, g) is not None for g in held):
+        time.sleep(0.5)
+    left = [g for g in held if runlock.held_by(store, g) is not None]
+    if left:
+        print(f"kktlab: error: the run still holds {', '.join(left)} after {CANCEL_WAIT_S:.0f} s (a bundle that "
+              f"reports no progress runs on until it ends); `kktlab status {store}` shows it", file=sys.stderr)
+        return 1
+    print(f"kktlab: stopped; the cells stored stay and checkpoints are kept: the same command resumes "
+          f"(`kktlab status {store}`)")
+    return 0
+
+
+def _cancel_flow_run(run_id: str, url: str) -> str:
+    """Set the flow run Cancelling (what the UI's Cancel does) on the server its lock record names;
+    a few words of how it went."""
+    api = url.split("/runs/flow-run/")[0] + "/api" if "/runs/flow-run/" in url else None
+    if not api:
+        return "its server is not recorded; its bundles stop anyway"
+    try:
+        from deploy.probe import check_prefect_api
+        from prefect.client.orchestration import get_client
+        from prefect.settings import PREFECT_API_URL, temporary_settings
+        from prefect.states import Cancelling
+
+        check_prefect_api(api)  # 3 s at most (an embedded server of a `kktlab run` is gone with its run)
+        with temporary_settings(updates={PREFECT_API_URL: api}), get_client(sync_client=True) as client:
+            state = client.read_flow_run(run_id).state
+            if state is not None and state.is_final():
+                return f"already {state.name}"
+            client.set_flow_run_state(run_id, Cancelling(message="kktlab cancel"), force=True)
+            return "Cancelling"
+    except Exception as err:  # noqa: BLE001 - the bundles stop anyway (the cancel request beside the store)
+        return f"its server {api} did not take the cancel ({type(err).__name__}); its bundles stop anyway"

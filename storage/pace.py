@@ -57,15 +57,19 @@ def _done(path: str | pathlib.Path, group: str) -> zarr.Array:
 
 
 def stored_times(path: str | pathlib.Path, group: str, arr: zarr.Array | None = None) -> np.ndarray:
-    """When each done cell of ``group`` was stored (POSIX seconds, sorted): its ``done`` chunk's
-    mtime (``arr``: the group's ``done`` array, if the caller has it open)."""
+    """When each done cell of ``group`` was stored (POSIX seconds, sorted): the mtime of its ``done``
+    chunk, the last write of its block of cells (storage/blocks.py; ``arr``: the group's ``done``
+    array, if the caller has it open)."""
     arr = _done(path, group) if arr is None else arr
-    if any(c != 1 for c in arr.chunks):  # not one chunk per cell: no per-cell times
-        return np.zeros(0)
     root = pathlib.Path(path) / group / schema.DONE
-    chunks = (root / arr.metadata.encode_chunk_key(tuple(int(i) for i in idx))
-              for idx in np.argwhere(np.asarray(arr[...], dtype=bool)))
-    return np.sort(np.asarray([c.stat().st_mtime for c in chunks if c.is_file()], dtype=float))
+    done = np.argwhere(np.asarray(arr[...], dtype=bool))
+    keys, counts = np.unique(done // np.asarray(arr.chunks), axis=0, return_counts=True)
+    times = []
+    for key, n in zip(keys, counts):
+        chunk = root / arr.metadata.encode_chunk_key(tuple(int(i) for i in key))
+        if chunk.is_file():
+            times += [chunk.stat().st_mtime] * int(n)
+    return np.sort(np.asarray(times, dtype=float))
 
 
 def pace(path: str | pathlib.Path, group: str, done: int, now: float | None = None) -> Pace | None:

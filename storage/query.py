@@ -20,7 +20,7 @@ def groups(path: str | pathlib.Path) -> list[str]:
     path = pathlib.Path(path)
     if not (path / "zarr.json").exists():
         raise StoreError(f"{path} is not a kktlab store (no zarr.json)")
-    root = zarr.open_group(str(path), mode="r", zarr_format=3)
+    root = zarr.open_group(str(path), mode="r", zarr_format=3, use_consolidated=False)  # live, never the view
     return sorted(name for name, g in root.groups() if "kktlab_identity" in g.attrs)
 
 

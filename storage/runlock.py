@@ -90,9 +90,9 @@ def _alive(info: dict) -> bool:
     return True
 
 
-def _try(fd: int) -> bool:
+def _try(fd: int, shared: bool = False) -> bool:
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
         return True
     except OSError as err:
         if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
@@ -100,39 +100,52 @@ def _try(fd: int) -> bool:
         raise
 
 
+def _acquire(fd: int, path: pathlib.Path, store, group: str, wait: bool, say: Callable[[str], None], poll_s: float,
+             say_every_s: float, shared: bool = False) -> bool:
+    """Lock ``fd`` (the lock file of ``group``), refusing in one line or, with ``wait``, waiting while
+    another run holds it; False where the file system cannot lock (said once). ``shared``: a probe
+    (:func:`check`), which conflicts with a holder but takes nothing from another probe."""
+    t0 = time.monotonic()
+    said = None
+    while True:
+        try:
+            if _try(fd, shared):
+                break
+        except OSError as err:  # e.g. ENOLCK: a network file system without locks
+            say(f"[kktlab] warning: cannot lock {path} ({err.strerror}): nothing stops another run "
+                f"from computing the cells of group '{group}' at the same time")
+            return False
+        info = holder(store, group)
+        if not wait:
+            if not _alive(info) and time.monotonic() - t0 < SETTLE_S:  # the holder is writing its record
+                time.sleep(0.05)
+                continue
+            raise StoreError(refusal(store, group, info if _alive(info) else {}))
+        now = time.monotonic()
+        if said is None or now - said >= say_every_s:
+            waited = f" ({now - t0:.0f} s so far)" if said is not None else ""
+            say(f"[kktlab] waiting for the run computing group '{group}' of {store} "
+                f"({describe(info) if _alive(info) else 'not recorded yet'}) to finish{waited}")
+            said = now
+        time.sleep(poll_s)
+    if said is not None:
+        say(f"[kktlab] group '{group}' of {store} is free after {time.monotonic() - t0:.0f} s; this run goes on")
+    return True
+
+
 def _take(store, group: str, wait: bool, about: dict, say: Callable[[str], None], poll_s: float,
           say_every_s: float) -> int | None:
-    """Lock ``group``; the open lock file (None where the file system cannot lock: said once)."""
+    """Lock ``group``; the open lock file (None where the file system cannot lock, or where this
+    process holds it already: the outer :func:`hold` releases it)."""
     path = lock_path(store, group)
+    if path in _HELD:
+        return None
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by processes started later
     try:
-        t0 = time.monotonic()
-        said = None
-        while True:
-            try:
-                if _try(fd):
-                    break
-            except OSError as err:  # e.g. ENOLCK: a network file system without locks
-                say(f"[kktlab] warning: cannot lock {path} ({err.strerror}): nothing stops another run "
-                    f"from computing the cells of group '{group}' at the same time")
-                os.close(fd)
-                return None
-            info = holder(store, group)
-            if not wait:
-                if not _alive(info) and time.monotonic() - t0 < SETTLE_S:  # the holder is writing its record
-                    time.sleep(0.05)
-                    continue
-                raise StoreError(refusal(store, group, info if _alive(info) else {}))
-            now = time.monotonic()
-            if said is None or now - said >= say_every_s:
-                waited = f" ({now - t0:.0f} s so far)" if said is not None else ""
-                say(f"[kktlab] waiting for the run computing group '{group}' of {store} "
-                    f"({describe(info) if _alive(info) else 'not recorded yet'}) to finish{waited}")
-                said = now
-            time.sleep(poll_s)
-        if said is not None:
-            say(f"[kktlab] group '{group}' of {store} is free after {time.monotonic() - t0:.0f} s; this run goes on")
+        if not _acquire(fd, path, store, group, wait, say, poll_s, say_every_s):
+            os.close(fd)
+            return None
         record = {"pid": os.getpid(), "host": socket.gethostname(),
                   "started": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
                   "command": shlex.join(sys.argv)[:1000], "store": str(store), "group": group,
@@ -144,6 +157,27 @@ def _take(store, group: str, wait: bool, about: dict, say: Callable[[str], None]
         with contextlib.suppress(OSError):
             os.close(fd)
         raise
+
+
+def check(store: str | os.PathLike, groups: Iterable[str], *, wait: bool = False, say: Callable[[str], None] = _say,
+          poll_s: float = POLL_S, say_every_s: float = SAY_EVERY_S) -> None:
+    """Refuse (:class:`StoreError`, the line :func:`hold` stops with) or, with ``wait``, wait while
+    another run holds the lock of one of ``groups``; hold nothing after (``kktlab submit``: the run it
+    queues takes the locks on its worker). Makes no lock file, writes no record; a group whose lock
+    file does not exist has never been computed by a run."""
+    for group in sorted(set(groups)):
+        path = lock_path(store, group)
+        if path in _HELD:
+            continue
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            continue
+        try:
+            if _acquire(fd, path, store, group, wait, say, poll_s, say_every_s, shared=True):
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
 
 
 def _write(fd: int, record: dict) -> None:
@@ -171,7 +205,8 @@ def hold(store: str | os.PathLike, groups: Iterable[str], *, wait: bool = False,
     body, released on every way out. A group another run holds: :class:`StoreError` in one line
     naming its holder, before anything is locked for long (the groups taken are released), or,
     with ``wait``, wait for it (a line every ``say_every_s``). ``about``: what else to record of
-    this run (``flow_run_id``, ``flow_run_url``)."""
+    this run (``flow_run_id``, ``flow_run_url``). Groups this process holds already (an outer
+    ``hold``: ``kktlab run`` takes its locks before it starts a server) are left to that one."""
     fds: list[int] = []
     try:
         for group in sorted(set(groups)):
@@ -185,3 +220,29 @@ def hold(store: str | os.PathLike, groups: Iterable[str], *, wait: bool = False,
                 del _HELD[path]
             with contextlib.suppress(OSError):
                 os.close(fd)  # closing the file drops its flock
+
+
+def held_by(store: str | os.PathLike, group: str) -> dict | None:
+    """The record of the run holding ``group``'s lock now, or None when no run holds it (a try for a
+    shared lock, let go at once: ``kktlab status`` and ``kktlab cancel``)."""
+    try:
+        fd = os.open(lock_path(store, group), os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        if _try_shared(fd):
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return None
+        return holder(store, group)
+    finally:
+        os.close(fd)
+
+
+def _try_shared(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return True
+    except OSError as err:
+        if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            return False
+        raise

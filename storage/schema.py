@@ -1,8 +1,10 @@
-"""Grid -> dims/coords; variables with units and description; one chunk per grid cell.
+"""Grid -> dims/coords; variables with units and description; one chunk per block of cells.
 
 Every grid axis becomes a dim with its values as coords. Each variable has the grid dims
-followed by its own extra dims (e.g. ``sample``); its chunks are 1 along every grid dim and
-whole along the extra dims, so each cell owns its chunks and two writers never share one.
+followed by its own extra dims (e.g. ``sample``); its chunks are a block of cells along the grid
+dims (storage/blocks.py: cells a bundle runs together; one cell in stores made before blocks)
+and whole along the extra dims, so a chunk's cells are written by one bundle and two writers
+never share one.
 A boolean ``done`` variable marks finished cells, and ``failed`` the done cells whose computation
 raised (their variables keep the fill value; the error text is in the group attribute
 ``kktlab_failures``).
@@ -18,12 +20,15 @@ storage/stale.py.
 
 from __future__ import annotations
 
+import math
+
 import dask.array as da
 import numpy as np
 import xarray as xr
 from zarr.codecs import Crc32cCodec, ZstdCodec
 
 from core.declare import Experiment
+from storage import blocks
 
 DONE = "done"
 FAILED = "failed"  # the cell's computation raised; its error text is in the group attr FAILURES
@@ -57,18 +62,22 @@ def fill_value(dtype: np.dtype):
     raise TypeError(f"unsupported variable dtype {dtype}")
 
 
-def template(exp: Experiment, grid: dict[str, list], extra_sizes: dict[str, int]) -> xr.Dataset:
-    """The empty (lazy, fill-valued) dataset a store is created from."""
+def template(exp: Experiment, grid: dict[str, list], extra_sizes: dict[str, int],
+             block: tuple[int, ...] | None = None) -> xr.Dataset:
+    """The empty (lazy, fill-valued) dataset a store is created from; ``block``: the cells of a
+    chunk along the grid dims (storage/blocks.py; default one cell)."""
     dims = tuple(grid)
     shape = tuple(len(v) for v in grid.values())
+    block = tuple(block) if block is not None else (1,) * len(dims)
     data_vars = {}
     for name, var in exp.variables.items():
         if any(extra_sizes[x] == 0 for x in var.dims):  # an opt-in variable switched off (e.g. train's
             continue  # log_step trajectory with log_points 0): not in the group, the layout is as without it
         vdims = dims + var.dims
         vshape = shape + tuple(extra_sizes[x] for x in var.dims)
-        chunks = (1,) * len(dims) + tuple(extra_sizes[x] for x in var.dims)
         dt = np.dtype(var.dtype)
+        cell_bytes = dt.itemsize * math.prod(extra_sizes[x] for x in var.dims)
+        chunks = blocks.array_chunks(block, cell_bytes) + tuple(extra_sizes[x] for x in var.dims)
         # one dask chunk per variable (a graph of a task per variable, not per cell: a 10^5-cell grid is
         # created in seconds, issue 33); the Zarr chunks, one per cell, are set by ``encoding``
         arr = da.full(vshape, fill_value(dt), dtype=dt, chunks=vshape)
@@ -80,7 +89,7 @@ def template(exp: Experiment, grid: dict[str, list], extra_sizes: dict[str, int]
         if var.pad is not None:
             attrs[PAD] = float(var.pad)
         data_vars[name] = xr.Variable(vdims, arr, attrs=attrs, encoding={"chunks": chunks})
-    cell = {"chunks": (1,) * len(dims)}
+    cell = {"chunks": block}
     data_vars[DONE] = xr.Variable(
         dims, da.zeros(shape, dtype=bool, chunks=shape), encoding=cell,
         attrs={"units": "1", "description": "True once every variable of the cell is written"},

@@ -3,9 +3,10 @@
 Layout: ``<store>/<group>/`` is one experiment (group = config ``name``; in a config with
 ``stages``, one group per stage, named after the stage). The group's attrs
 hold provenance (config, versions, git commit, device) and what defines the grid, so a rerun
-can check it is the same experiment. Writes go straight to the Zarr arrays of one cell
-(every chunk belongs to exactly one cell); ``done`` is set last, so a kill between the two
-leaves the cell pending and it is recomputed. Every chunk of a done cell is written, even an
+can check it is the same experiment. A bundle's writes go straight to the Zarr chunks of its
+cells, each chunk once (every chunk lies in one block of cells, written by one bundle at a time:
+storage/blocks.py); ``done`` is set last, so a kill between the two
+leaves the cells pending and they are recomputed. Every chunk of a done cell is written, even an
 all-NaN one, so :mod:`storage.verify` can tell a deleted chunk from a fill value; damaged cells
 are marked not done (:meth:`Store.mark_not_done`) and a deleted array is re-created from the
 template (:meth:`Store.restore_arrays`).
@@ -32,37 +33,16 @@ from filelock import FileLock
 
 from core.declare import Experiment
 from core.errors import StoreError
-from storage import schema
+from storage import blocks, schema
+from storage.hashing import content_hash, content_hashes  # noqa: F401 (re-exported)
+from storage.provenance import git_commit, versions
 from storage import verify as verify_mod
 from storage.foreign import check_kktlab_store
 
 warnings.filterwarnings("ignore", message=".*Consolidated metadata.*")
 warnings.filterwarnings("ignore", message=".*does not have a Zarr V3 specification.*")
 
-
-def versions() -> dict[str, str]:
-    import importlib.metadata as md
-
-    out = {"python": platform.python_version()}
-    for pkg in ("kktlab", "torch", "numpy", "xarray", "zarr", "dask", "distributed", "prefect"):
-        try:
-            out[pkg] = md.version(pkg)
-        except md.PackageNotFoundError:
-            out[pkg] = "not installed"
-    return out
-
-
-def git_commit() -> str:
-    root = pathlib.Path(__file__).resolve().parents[1]
-    try:
-        out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10)
-        if out.returncode == 0:
-            return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return "unknown"
+BLOCK = "kktlab_block"  # group attribute: the cells of a chunk along the grid dims (storage/blocks.py)
 
 
 class Store:
@@ -86,18 +66,20 @@ class Store:
 
     def open_or_create(self, exp: Experiment, grid: dict[str, list], params: dict, *,
                        config_text: str, extra_sizes: dict[str, int], device: str,
-                       cases: dict | None = None, source: str | None = None) -> "Store":
+                       cases: dict | None = None, source: str | None = None,
+                       block: tuple[int, ...] | None = None) -> "Store":
         """Create the group from the template, or check an existing one is the same experiment.
         ``grid`` is the group's dims (for a stage of a chain: its upstream's, then its own),
-        ``source`` the stage it reads from."""
+        ``source`` the stage it reads from, ``block`` the cells of a chunk (storage/blocks.py; an
+        existing group keeps its own)."""
         check_kktlab_store(self.path)
         ident = self.identity(exp, grid, params, cases, source)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # creating the root and a group is the one step two sweeps may race on: serialise it
         with FileLock(str(self.path) + ".lock"):
-            return self._create_locked(exp, grid, ident, config_text, extra_sizes, device)
+            return self._create_locked(exp, grid, ident, config_text, extra_sizes, device, block)
 
-    def _create_locked(self, exp, grid, ident, config_text, extra_sizes, device) -> "Store":
+    def _create_locked(self, exp, grid, ident, config_text, extra_sizes, device, block=None) -> "Store":
         """Under the store's lock. The group is built whole in ``<store>.partial/`` and renamed into
         place (as is the root, for a new store), so a kill at any moment leaves either no group or
         a complete one: never a group without ``done`` or without its identity (issue 12 item 4).
@@ -114,8 +96,9 @@ class Store:
                 raise StoreError(f"group '{self.group_name}' of {self.path} has arrays but no group metadata "
                                  f"(damaged); move {gpath} away or use another --store")
             shutil.rmtree(gpath)
-        ds = schema.template(exp, grid, extra_sizes)
+        ds = schema.template(exp, grid, extra_sizes, block)
         ds.attrs.update({
+            BLOCK: list(ds[schema.DONE].encoding["chunks"]),
             "kktlab_identity": json.dumps(ident, sort_keys=True, default=str),
             "kktlab_experiment": exp.name,
             "kktlab_nets_arrays": json.dumps({k: list(v) for k, v in exp.nets_arrays.items()}, sort_keys=True),
@@ -179,6 +162,17 @@ class Store:
     def dims(self) -> list[str]:
         return list(self.group()[schema.DONE].metadata.dimension_names)
 
+    def block(self) -> tuple[int, ...]:
+        """The cells of a chunk along the grid dims (storage/blocks.py): the group's record, else
+        its ``done`` chunks (one cell for stores made before blocks)."""
+        g = self.group()
+        if BLOCK in g.attrs:
+            return tuple(int(b) for b in g.attrs[BLOCK])
+        try:
+            return tuple(int(c) for c in g[schema.DONE].chunks)
+        except Exception:  # noqa: BLE001 - done's metadata lost or damaged (a rerun re-creates it): a cell
+            return (1,) * len(json.loads(g.attrs["kktlab_identity"])["grid"])
+
     def done_mask(self) -> np.ndarray:
         return np.asarray(self.group()[schema.DONE][...], dtype=bool)
 
@@ -191,17 +185,16 @@ class Store:
     # --- repair ---------------------------------------------------------------------------
     def mark_not_done(self, indices) -> int:
         """Clear the ``done`` flag of these cells (damaged ones: a rerun recomputes them)."""
-        n = 0
-        for idx in indices:
-            self._array(schema.DONE)[tuple(idx)] = False
-            n += 1
-        return n
+        points = blocks.points(indices, self._array(schema.DONE).ndim)
+        if len(points):
+            blocks.write_points(self._array(schema.DONE), points, np.zeros(len(points), dtype=bool), False)
+        return len(points)
 
     def restore_arrays(self, exp: Experiment, grid: dict[str, list], extra_sizes: dict[str, int]) -> list[str]:
         """Re-create, empty and from the template, every array (variable, ``done``, coordinate)
         whose metadata is missing or unreadable or, for a coordinate, whose values do not decode.
         Returns their names; the done cells they held are damaged and found by :meth:`verify`."""
-        ds = schema.template(exp, grid, extra_sizes)
+        ds = schema.template(exp, grid, extra_sizes, self.block())
         gpath = self.path / self.group_name
         broken = [name for name in ds.variables if not _array_sound(gpath / str(name), name in ds.coords)]
         if not broken:
@@ -231,63 +224,102 @@ class Store:
     def writable(self, index: tuple[int, ...], force: bool = False, replace_failed: bool = False) -> bool:
         """May cell ``index`` be written? Not when it is done, unless ``force`` or (``replace_failed``)
         it is a failed cell."""
-        return not bool(self._array(schema.DONE)[index]) or force or (replace_failed and self._is_failed(index))
+        return bool(self._writable(blocks.points([index], len(index)), force, replace_failed)[0])
+
+    def _writable(self, points: np.ndarray, force: bool, replace_failed: bool) -> np.ndarray:
+        ok = ~blocks.read_points(self._array(schema.DONE), points).astype(bool)
+        if force:
+            return np.ones(len(points), dtype=bool)
+        if replace_failed and schema.FAILED in self._group_rw:
+            ok |= blocks.read_points(self._array(schema.FAILED), points).astype(bool)
+        return ok
 
     def write_values(self, index: tuple[int, ...], values: dict, *, force: bool = False,
                      replace_failed: bool = False) -> int | None:
-        """Write one cell's variables (padded along their extra dims) and its ``cell_hash``, but not
-        ``done``: what a worker does with the cells it computed (each cell owns its chunks, so workers
-        never share one); the flow then calls :meth:`mark_done`. Returns the values' content hash,
-        or None (nothing written) when the cell may not be written (:meth:`writable`)."""
-        if not self.writable(index, force, replace_failed):
-            return None
-        stored: dict[str, np.ndarray] = {}
-        for name, value in values.items():
+        """One cell of :meth:`write_many`."""
+        return self.write_many([index], [values], force=force, replace_failed=replace_failed)[0]
+
+    def write_many(self, indices: list, values: list[dict], *, force: bool = False,
+                   replace_failed: bool = False) -> list[int | None]:
+        """Write the variables (padded along their extra dims) and ``cell_hash`` of many cells (a
+        bundle), but not ``done``: what a worker does with the cells it computed, each chunk once
+        (storage/blocks.py: a chunk's cells are one bundle's, so workers never share one); the flow
+        then calls :meth:`mark_many`. Returns per cell its values' content hash, or None (nothing
+        written) when the cell may not be written (:meth:`writable`)."""
+        points = blocks.points(indices, self._array(schema.DONE).ndim)
+        ok = self._writable(points, force, replace_failed) if len(points) else np.zeros(0, dtype=bool)
+        hashes: list[int | None] = [None] * len(points)
+        stored: list[dict[str, np.ndarray]] = [{} for _ in points]
+        for name in sorted({n for i in np.flatnonzero(ok) for n in values[i]}):
             arr = self._array(name)
-            extra = arr.shape[len(index):]
-            v = np.asarray(value, dtype=arr.dtype)
-            if extra:
-                pad = arr.attrs.get(schema.PAD) if v.size else None  # an empty value: not stored, all fill
-                full = np.full(extra, schema.fill_value(arr.dtype) if pad is None else pad, dtype=arr.dtype)
-                full[tuple(slice(0, s) for s in v.shape)] = v
-                v = full
-            arr[index] = v
-            stored[name] = v
-        h = content_hash(stored)
-        if schema.CELL_HASH in self._group_rw:  # after the values, before done: a done cell always has its hash
-            self._array(schema.CELL_HASH)[index] = h
-        return h
+            which = [i for i in np.flatnonzero(ok) if name in values[i]]
+            if arr.ndim == points.shape[1]:  # a scalar per cell: cast all at once
+                stack = np.asarray([values[i][name] for i in which], dtype=arr.dtype)
+            else:
+                stack = np.stack([blocks.padded(arr, values[i][name], points.shape[1]) for i in which])
+            for i, v in zip(which, stack):
+                stored[i][name] = v
+            blocks.write_points(arr, points[which], stack, schema.fill_value(arr.dtype))
+        cells = np.flatnonzero(ok)
+        if len(cells):  # one hash per cell, all at once (storage/hashing.py)
+            names = stored[cells[0]].keys()
+            same = all(stored[i].keys() == names for i in cells)
+            got = (content_hashes({n: np.stack([stored[i][n] for i in cells]) for n in names}) if same
+                   else [content_hash(stored[i]) for i in cells])
+            for i, h in zip(cells, got):
+                hashes[i] = int(h)
+        written = np.flatnonzero(ok)
+        if schema.CELL_HASH in self._group_rw and len(written):  # after the values, before done
+            blocks.write_points(self._array(schema.CELL_HASH), points[written],
+                                np.asarray([hashes[i] for i in written], dtype=np.int64), schema.NO_HASH)
+        return hashes
 
     def holds(self, written: list[tuple[tuple[int, ...], int]]) -> bool:
         """Do the cells hold what their worker wrote? ``written``: (index, content hash) pairs from
         its receipts; each must be the stored ``cell_hash``. False for a group without hashes."""
         if schema.CELL_HASH not in self.group():
             return False
+        if not written:
+            return True
         arr = self._array(schema.CELL_HASH)
-        return all(int(arr[tuple(idx)]) == h for idx, h in written)
+        got = blocks.read_points(arr, blocks.points([i for i, _ in written], arr.ndim))
+        return bool((got == np.asarray([h for _, h in written], dtype=np.int64)).all())
 
     def mark_done(self, index: tuple[int, ...], content: int | None = None, *, force: bool = False,
                   replace_failed: bool = False) -> bool:
-        """Mark a cell whose values are written (:meth:`write_values`) done; a retried failure that
-        now worked is no longer failed. ``content``: the hash :meth:`write_values` returned; where
-        the group keeps ``cell_hash``, a cell whose stored hash is another is not marked (StoreError:
-        someone else wrote it since). Returns False if the cell may not be written."""
-        if not self.writable(index, force, replace_failed):
-            return False
-        g = self._group_rw
-        if content is not None and schema.CELL_HASH in g and int(self._array(schema.CELL_HASH)[index]) != content:
-            raise StoreError(f"{self.path}/{self.group_name}: cell {self.cell_label(index)} holds other values "
-                             "than its worker wrote (written again since?); rerun to recompute it")
-        if schema.FAILED in g and bool(self._array(schema.FAILED)[index]):  # a retried failure that now works
-            self._array(schema.FAILED)[index] = False
-            failures = dict(g.attrs.get(schema.FAILURES, {}))
-            failures.pop(self.cell_label(index), None)
-            g.attrs[schema.FAILURES] = failures
-        self._array(schema.DONE)[index] = True
-        return True
+        """One cell of :meth:`mark_many`."""
+        return self.mark_many([index], None if content is None else [content], force=force,
+                              replace_failed=replace_failed)[0]
 
-    def _is_failed(self, index: tuple[int, ...]) -> bool:
-        return schema.FAILED in self._group_rw and bool(self._array(schema.FAILED)[index])
+    def mark_many(self, indices: list, contents: list[int] | None = None, *, force: bool = False,
+                  replace_failed: bool = False) -> list[bool]:
+        """Mark cells whose values are written (:meth:`write_many`) done; a retried failure that
+        now worked is no longer failed. ``contents``: the hashes :meth:`write_many` returned; where
+        the group keeps ``cell_hash``, a cell whose stored hash is another is not marked (StoreError:
+        someone else wrote it since). Returns per cell False if it may not be written."""
+        points = blocks.points(indices, self._array(schema.DONE).ndim)
+        if not len(points):
+            return []
+        ok = self._writable(points, force, replace_failed)
+        marked = points[ok]
+        g = self._group_rw
+        if contents is not None and schema.CELL_HASH in g and len(marked):
+            have = blocks.read_points(self._array(schema.CELL_HASH), marked)
+            bad = np.flatnonzero(have != np.asarray(contents, dtype=np.int64)[ok])
+            if bad.size:
+                raise StoreError(f"{self.path}/{self.group_name}: cell {self.cell_label(tuple(marked[bad[0]]))} holds "
+                                 "other values than its worker wrote (written again since?); rerun to recompute it")
+        if schema.FAILED in g and len(marked):  # retried failures that now work
+            was = blocks.read_points(self._array(schema.FAILED), marked).astype(bool)
+            if was.any():
+                blocks.write_points(self._array(schema.FAILED), marked[was], np.zeros(int(was.sum()), bool), False)
+                failures = dict(g.attrs.get(schema.FAILURES, {}))
+                for idx in marked[was]:
+                    failures.pop(self.cell_label(tuple(idx)), None)
+                g.attrs[schema.FAILURES] = failures
+        if len(marked):
+            blocks.write_points(self._array(schema.DONE), marked, np.ones(len(marked), dtype=bool), False)
+        return [bool(x) for x in ok]
 
     def write_failed(self, index: tuple[int, ...], error: str, *, force: bool = False,
                      replace_failed: bool = False) -> bool:
@@ -296,19 +328,19 @@ class Store:
         ``kktlab run --retry-failed`` does), the text goes to the group attr ``kktlab_failures``
         under the cell's coordinates. Returns False if the cell is already done (unless ``force``,
         or ``replace_failed`` and it is a failed cell)."""
-        done = self._array(schema.DONE)
-        if bool(done[index]) and not force and not (replace_failed and self._is_failed(index)):
+        if not self.writable(index, force, replace_failed):
             return False
+        point = blocks.points([index], len(index))
         g = self._group_rw
         label = self.cell_label(index)
         failures = dict(g.attrs.get(schema.FAILURES, {}))
         failures[label] = error[:2000]
         g.attrs[schema.FAILURES] = failures
         if schema.FAILED in g:  # stores made before failures were stored have no such array
-            self._array(schema.FAILED)[index] = True
+            blocks.write_points(self._array(schema.FAILED), point, np.ones(1, dtype=bool), False)
         if schema.CELL_HASH in g:  # a failed cell holds no values: no hash (its readers are stale)
-            self._array(schema.CELL_HASH)[index] = schema.NO_HASH
-        done[index] = True
+            blocks.write_points(self._array(schema.CELL_HASH), point, np.full(1, schema.NO_HASH), schema.NO_HASH)
+        blocks.write_points(self._array(schema.DONE), point, np.ones(1, dtype=bool), False)
         return True
 
     def failed_mask(self) -> np.ndarray:
@@ -332,20 +364,6 @@ class Store:
     def cell_indices(self) -> list[tuple[int, ...]]:
         shape = self.group()[schema.DONE].shape
         return list(itertools.product(*(range(s) for s in shape)))
-
-
-def content_hash(values: dict[str, np.ndarray]) -> int:
-    """sha256 over (name, dtype, shape, bytes) of a cell's values as stored (padded, cast), in name
-    order, without timings (``schema.NOT_HASHED``) and hashes; its first 63 bits, so never the fill -1.
-    A deterministic recomputation gets the same hash; any changed value, another."""
-    h = hashlib.sha256()
-    for name in sorted(values):
-        if name in schema.NOT_HASHED or name in (schema.CELL_HASH, schema.UPSTREAM_HASH):
-            continue
-        v = np.ascontiguousarray(values[name])
-        h.update(f"{name}\0{v.dtype.str}\0{v.shape}\0".encode())
-        h.update(v.tobytes())
-    return int.from_bytes(h.digest()[:8], "little") & (2**63 - 1)
 
 
 def _array_sound(apath: pathlib.Path, read_values: bool) -> bool:

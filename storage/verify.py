@@ -162,7 +162,7 @@ def _edited(gpath: pathlib.Path, harr: zarr.Array, variables: list[str], cells: 
             shape: tuple[int, ...]) -> list[tuple[int, ...]]:
     """The ``cells`` whose stored values no longer hash to their ``cell_hash`` (storage.store.content_hash
     of what the worker wrote); cells without a hash (stores made before hashes) are not judged."""
-    from storage.store import content_hash
+    from storage.hashing import content_hash, content_hashes
 
     if not cells:
         return []
@@ -181,6 +181,12 @@ def _edited(gpath: pathlib.Path, harr: zarr.Array, variables: list[str], cells: 
                 continue
             for n, a in got.items():
                 values.setdefault(n, np.zeros(shape + a.shape, dtype=a.dtype))[idx] = a
+    if not cells:
+        return []
+    if len(values) == len(hashed):  # every array read whole: all cells' hashes at once
+        at = tuple(np.asarray(cells).T)
+        got = content_hashes({n: a[at] for n, a in values.items()})
+        return [idx for idx, h in zip(cells, got) if int(h) != int(stored[idx])]
     return [idx for idx in cells if content_hash({n: a[idx] for n, a in values.items()}) != int(stored[idx])]
 
 
@@ -260,11 +266,14 @@ def verify_group(path: str | pathlib.Path, group: str,
         found: dict[tuple, str] = {}  # cell -> this variable's problem
         if _checksummed(arr):  # every chunk of a done cell exists and its checksum matches
             extra = (0,) * (arr.ndim - len(shape))
-            apath = str(gpath / name)
+            apath, grid_chunks = str(gpath / name), tuple(arr.chunks[:len(shape)])
+            checked: dict[tuple, str] = {}  # a chunk holds a block of cells (storage/blocks.py): read once
             for idx in valued:
-                problem = _raw_check(os.path.join(apath, arr.metadata.encode_chunk_key(idx + extra)))
-                if problem:
-                    found[idx] = problem
+                key = tuple(i // c for i, c in zip(idx, grid_chunks)) + extra
+                if key not in checked:
+                    checked[key] = _raw_check(os.path.join(apath, arr.metadata.encode_chunk_key(key)))
+                if checked[key]:
+                    found[idx] = checked[key]
         else:
             unchecked.append(name)
         if arr.attrs.get(schema.FINITE) or name in unchecked:  # decode: finite values, codec faults

@@ -136,9 +136,9 @@ def test_a_second_run_of_the_same_config_is_refused_and_wait_computes_nothing(cl
             if proc is not None and proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    lines = second.stderr.strip().splitlines()  # what it runs, then why it does not
-    assert second.returncode == 2 and len(lines) == 2 and "Traceback" not in second.stderr, second.stderr[-3000:]
-    assert lines[1] == f"kktlab: error: {runlock.refusal(store, 'twice', rec)}"
+    lines = second.stderr.strip().splitlines()  # why it does not run, before any server starts or stage is announced
+    assert second.returncode == 2 and len(lines) == 1 and "Traceback" not in second.stderr, second.stderr[-3000:]
+    assert lines[0] == f"kktlab: error: {runlock.refusal(store, 'twice', rec)}"
     assert not (tmp_path / "b.json").exists()
     assert first.returncode == 0, err[-3000:]
     stats = json.loads((tmp_path / "a.json").read_text())
@@ -147,3 +147,127 @@ def test_a_second_run_of_the_same_config_is_refused_and_wait_computes_nothing(cl
     assert f"waiting for the run computing group 'twice' of {store} (pid {first.pid}@" in waited
     stats = json.loads((tmp_path / "c.json").read_text())
     assert (stats["written"], stats["computed"], stats["done_before"]) == (0, 0, 4), stats
+
+
+# --- the lock before any server (kktlab run), and kktlab submit ----------------------------------------
+
+def test_a_group_this_process_holds_is_held_again_without_waiting_and_kept(tmp_path, cli):
+    """``kktlab run`` holds its groups' locks before it starts a server; flows.sweep.run takes them
+    again inside: held by this process already, they are neither waited for nor released early."""
+    store = tmp_path / "s.zarr"
+    with runlock.hold(store, ["nets"]):
+        with runlock.hold(store, ["nets", "robustness"]):  # would block forever (wait) or refuse without re-entry
+            assert runlock.holder(store, "robustness")["pid"] == os.getpid()
+        ours = runlock.holder(store, "nets")["pid"]
+        probe = subprocess.run([sys.executable, "-c", "import sys; from storage.runlock import hold\n"
+                                "with hold(sys.argv[1], ['nets']): pass", str(store)],
+                               cwd=cli.root, capture_output=True, text=True)
+        assert ours == os.getpid() and probe.returncode != 0 and "is being computed by another run" in probe.stderr
+    with runlock.hold(store, ["nets", "robustness"]):  # both released by the outer hold
+        pass
+
+
+def test_check_refuses_a_held_group_naming_its_flow_run_and_holds_nothing(tmp_path, holder_proc):
+    store = tmp_path / "s.zarr"
+    runlock.check(store, ["nets"])  # never run: no lock file, nothing made
+    assert not runlock.lock_path(store, "nets").parent.exists()
+    a = holder_proc(store, "nets")
+    with pytest.raises(StoreError) as err:
+        runlock.check(store, ["other", "nets"])
+    assert str(err.value) == runlock.refusal(store, "nets", runlock.holder(store, "nets"))
+    assert f"pid {a.pid}@" in str(err.value) and "flow run http://prefect.example/runs/flow-run/42" in str(err.value)
+    a.kill()
+    a.wait()
+    runlock.check(store, ["nets"])  # free: the check passes and keeps nothing
+    rec = runlock.holder(store, "nets")
+    assert rec["pid"] == a.pid, "check wrote a record"
+    with runlock.hold(store, ["nets"]):
+        pass
+
+
+class ServerStart(Exception):
+    """Raised where the run would start its embedded Prefect server (the tests below stop there)."""
+
+
+def _no_server(calls: list):
+    """A stand-in for deploy.runtime.prefect_api that records when a server would start, then stops the run."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def start():
+        calls.append(time.monotonic())
+        raise ServerStart("server start reached")
+        yield  # pragma: no cover
+
+    return start
+
+
+def test_run_is_refused_before_any_server_starts(tmp_path, holder_proc, write_config, monkeypatch, capsys):
+    """The refusal comes before the embedded Prefect server (and the cluster) start: the old order
+    started the server first and was refused after its start-up."""
+    from deploy import runtime
+    from kktlab.cli import main
+
+    path, store = write_config(CFG), tmp_path / "s.zarr"
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    calls: list = []
+    monkeypatch.setattr(runtime, "prefect_api", _no_server(calls))
+    holder_proc(store, "twice")
+    assert main(["run", str(path), "--store", str(store)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert calls == [] and err == [f"kktlab: error: {runlock.refusal(store, 'twice', runlock.holder(store, 'twice'))}"]
+
+
+def test_run_wait_waits_before_any_server_starts(tmp_path, holder_proc, write_config, monkeypatch):
+    from deploy import runtime
+    from kktlab.cli import main
+
+    path, store = write_config(CFG), tmp_path / "s.zarr"
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    calls: list = []
+    monkeypatch.setattr(runtime, "prefect_api", _no_server(calls))
+    a = holder_proc(store, "twice", seconds=1.5)
+    with pytest.raises(ServerStart):
+        main(["run", str(path), "--store", str(store), "--wait"])
+    assert len(calls) == 1 and a.poll() == 0, "the server started while the other run still held the group"
+
+
+SUBMIT_ENV = {"PREFECT_API_URL": "http://127.0.0.1:9/api"}  # nothing listens: any call to the server fails
+
+
+def test_submit_of_a_running_config_is_refused_with_its_url_before_the_server_is_asked(cli, write_config, tmp_path,
+                                                                                      holder_proc):
+    """Issue 30 item 5: ``kktlab submit`` of a config one of whose groups a run is computing stops in
+    one line naming that run and its page, before the server is asked anything or a run queued."""
+    path, store = write_config(CFG), tmp_path / "s.zarr"
+    holder_proc(store, "twice")
+    res = cli.run("submit", path, "--store", store, env=SUBMIT_ENV, timeout=120)
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1, res.stderr[-3000:]
+    assert lines[0] == f"kktlab: error: {runlock.refusal(store, 'twice', runlock.holder(store, 'twice'))}"
+    assert "http://prefect.example/runs/flow-run/42" in lines[0]
+
+
+def test_submit_wait_waits_for_the_running_one_then_goes_on(cli, write_config, tmp_path, holder_proc):
+    """``kktlab submit --wait`` waits (saying so) while the group is held, and asks the server only once
+    the holder is gone (here SIGKILLed once the wait was said)."""
+    path, store = write_config(CFG), tmp_path / "s.zarr"
+    a = holder_proc(store, "twice")
+    sub = subprocess.Popen([*cli.argv, "submit", str(path), "--store", str(store), "--wait"], cwd=cli.root,
+                           env=dict(os.environ, **SUBMIT_ENV), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                           text=True)
+    try:
+        first = sub.stderr.readline()
+        assert f"waiting for the run computing group 'twice' of {store} (pid {a.pid}@" in first, first
+        time.sleep(1.0)
+        assert sub.poll() is None, "submit --wait did not wait"
+        a.kill()
+        a.wait()
+        rest = sub.communicate(timeout=120)[1]
+    finally:
+        if sub.poll() is None:
+            sub.kill()
+            sub.wait()
+    assert "is free after" in rest
+    # then on to the server (nothing answers here): the wait came first
+    assert sub.returncode == 2 and "127.0.0.1:9" in rest.strip().splitlines()[-1], rest[-3000:]

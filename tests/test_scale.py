@@ -4,6 +4,7 @@ and a 10^5-cell group is created without a per-cell task graph (timings: benchma
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -61,3 +62,46 @@ def test_dry_run_plans_without_starting_anything(tmp_path):
     line = next(ln for ln in res.stdout.splitlines() if ln.strip().startswith("big (forging)"))
     assert "100,000 cells (new group)" in line and "bundles" in line and "files" in line
     assert not (tmp_path / "s.zarr").exists() and "Prefect" not in res.stderr + res.stdout
+
+
+def test_a_store_holds_a_few_files_per_block_and_the_dry_run_counts_them(tmp_path):
+    """Issue 33 item 1: chunks hold a block of cells (storage/blocks.py), so 3,000 written cells of
+    ~30 variables are ~100 files, not one per cell and variable; ``--dry-run`` predicts the count."""
+    import numpy as np
+
+    from kktlab.plan import stage_plan
+
+    cfg = config.parse(dict(BIG, grid={"model_seed": {"range": [0, 3000]}}, runner={"bundle_size": 1000}))
+    store = open_store(cfg, tmp_path / "s.zarr", "cpu")
+    assert store.block() == (1000,)
+    extra = cfg.extra_sizes()
+    vals = {name: np.zeros([extra[d] for d in var.dims], dtype=var.dtype) for name, var in cfg.exp.variables.items()}
+    cells = store.cell_indices()
+    hashes = store.write_many(cells, [vals] * len(cells))
+    assert all(store.mark_many(cells, hashes)) and store.verify(cfg.exp).ok
+    n_files = sum(len(f) for _, _, f in os.walk(tmp_path / "s.zarr"))
+    # the plan counts every chunk; ``failed``'s 3 are written only once a cell fails; the store adds
+    # its root zarr.json
+    assert n_files == stage_plan(cfg, str(tmp_path / "none.zarr"))["files"] - 3 + 1
+    assert n_files < 0.05 * len(cells)
+
+
+@pytest.mark.parametrize("stacked", [True, False])
+def test_bundles_are_cut_from_whole_blocks(stacked):
+    """A block's cells (a chunk of every array, storage/blocks.py) always go to one bundle, so no two
+    bundles ever write one chunk; a block is the smallest bundle, even under a smaller bundle_size."""
+    import dataclasses
+
+    from flows import experiments
+    from flows.bundles import make_bundles
+
+    exp = dataclasses.replace(experiments.get("nonrobust"), stacked=stacked)
+    base = {n: prm.default for n, prm in exp.params.items()}
+    cells = [((d, s), dict(base, d=10 * (d + 1), seed=s, width=8)) for d in range(3) for s in range(5)]
+    for size in (1, 3, 4, 7):
+        bundles = make_bundles(exp, cells, size, block=(1, 4), workers=2)
+        assert sorted(idx for b in bundles for idx, _ in b) == sorted(idx for idx, _ in cells)
+        blocks_of = {}
+        for i, b in enumerate(bundles):
+            for (d, s), _ in b:
+                assert blocks_of.setdefault((d, s // 4), i) == i, (size, bundles)

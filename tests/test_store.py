@@ -13,8 +13,9 @@ from core.errors import StoreError
 from storage.query import open_results, status
 
 
-def cfg(**params):
-    raw = {"experiment": "nonrobust", "grid": {"d": [10, 20, 30], "seed": [0, 1]}, "params": {"width": 8, **params}}
+def cfg(runner=None, **params):
+    raw = {"experiment": "nonrobust", "grid": {"d": [10, 20, 30], "seed": [0, 1]}, "params": {"width": 8, **params},
+           "runner": runner or {}}
     return config.parse(raw)
 
 
@@ -34,7 +35,7 @@ def test_template_schema(tmp_path):
     for name, var in c.exp.variables.items():
         assert ds[name].attrs["units"] == var.units and ds[name].attrs["description"]
         assert ds[name].dims == ("d", "seed", *var.dims)
-        assert ds[name].encoding["chunks"][:2] == (1, 1)  # one chunk per cell
+        assert ds[name].encoding["chunks"][:2] == store.block() == (1, 2)  # a chunk per block: the seeds of a d
     assert not ds.done.any() and np.isnan(ds.c_star).all()
     for key in ("config", "versions", "git_commit", "device", "created"):
         assert key in ds.attrs
@@ -180,7 +181,7 @@ def test_status_shows_the_pace_and_an_eta_from_the_stored_cells(tmp_path, capsys
     from kktlab.cli import main
     from storage import pace, schema
 
-    c = cfg()
+    c = cfg(runner={"chunk_cells": 1})  # a chunk per cell: a time per cell (a block's cells share theirs)
     path = tmp_path / "s.zarr"
     store = open_store(c, path, "cpu")
     vals = fake_values(c.exp, 30)
@@ -205,3 +206,23 @@ def test_status_shows_the_pace_and_an_eta_from_the_stored_cells(tmp_path, capsys
     assert pace.pace(path, group, 5, now=now).rate is None
     assert main(["status", str(path)]) == 0
     assert "too early for an ETA" in capsys.readouterr().out
+
+
+def test_a_store_made_before_blocks_keeps_its_chunk_per_cell_and_resumes(tmp_path):
+    """Issue 33: a group without ``kktlab_block`` (made before blocks, a chunk per cell) reads its
+    block from its ``done`` chunks, is bundled cell by cell and takes new cells without re-chunking."""
+    from flows.bundles import make_bundles
+
+    c = cfg(runner={"chunk_cells": 1})
+    store = open_store(c, tmp_path / "s.zarr", "cpu")
+    g = store.group("r+")
+    del g.attrs["kktlab_block"]  # as a store made before blocks
+    assert store.block() == (1, 1)
+    vals = fake_values(c.exp, 30)
+    assert all(store.mark_many([(0, 0), (2, 1)], store.write_many([(0, 0), (2, 1)], [vals, vals])))
+    reopened = open_store(cfg(), tmp_path / "s.zarr", "cpu")  # a rerun (default chunk_cells): the group keeps its layout
+    assert reopened.block() == (1, 1) and reopened.verify(c.exp).ok
+    todo = [(idx, cell) for idx, cell, d in zip(reopened.cell_indices(), c.store_cells(), reopened.done_mask().ravel())
+            if not d]
+    bundles = make_bundles(c.exp, todo, 64, block=reopened.block())
+    assert sorted(idx for b in bundles for idx, _ in b) == [(0, 1), (1, 0), (1, 1), (2, 0)]

@@ -23,9 +23,12 @@ from storage.store import Store
 GRID = {"d": [10, 20], "alpha": [0.5, 1.0], "seed": [0, 1]}
 
 
-def make_store(path: pathlib.Path):
-    """A nonrobust store with every cell done (made-up values; kkt_eps NaN, as when not fitted)."""
-    cfg = config.parse({"experiment": "nonrobust", "grid": GRID, "params": {"width": 8}})
+def make_store(path: pathlib.Path, chunk_cells: int = 1):
+    """A nonrobust store with every cell done (made-up values; kkt_eps NaN, as when not fitted); a
+    chunk per cell (``chunk_cells`` 1, the layout of stores made before blocks: damage names one
+    cell) unless asked otherwise."""
+    cfg = config.parse({"experiment": "nonrobust", "grid": GRID, "params": {"width": 8},
+                        "runner": {"chunk_cells": chunk_cells}})
     store = open_store(cfg, path, "cpu")
     for idx in store.cell_indices():
         vals = {name: (np.arange(5, dtype=var.dtype) if var.dims else np.asarray(7, dtype=var.dtype))
@@ -87,6 +90,50 @@ def test_verify_names_the_damaged_cell_and_plan_recomputes_it(damage, filled, tm
     assert {report.names[idx] for idx, _ in todo} == named and cell in named
     after = store.verify(cfg.exp)  # marked not done, arrays re-created: nothing damaged left
     assert after.ok and after.sound == done_before
+
+
+# damage of a store chunked by blocks (storage/blocks.py; here the two seeds of one (d, alpha)) ->
+# (what to do to group dir g, the cells named, the problem named)
+BLOCK_DAMAGE = {
+    "chunk_deleted": (lambda g: (g / "c_star/c/1/0/0").unlink(), ("d=20, alpha=0.5, seed=0", "d=20, alpha=0.5, seed=1"),
+                      "variable c_star chunk missing"),
+    "byte_flipped": (lambda g: flip_byte(g / "q_sample/c/0/1/0/0"), ("d=10, alpha=1.0, seed=0", "d=10, alpha=1.0, seed=1"),
+                     "variable q_sample checksum mismatch"),
+    "done_flag_garbage": (lambda g: (g / "done/c/1/1/0").write_bytes(b"xx"), ("d=20, alpha=1.0, seed=0",
+                                                                              "d=20, alpha=1.0, seed=1"),
+                          "done flag checksum mismatch"),
+}
+
+
+@pytest.mark.parametrize("damage", list(BLOCK_DAMAGE))
+def test_a_damaged_block_chunk_names_each_of_its_cells_and_only_those_are_recomputed(damage, tmp_path):
+    cfg, store = make_store(tmp_path / "s.zarr", chunk_cells=2)
+    assert store.block() == (1, 1, 2) and store.verify().ok
+    corrupt, cells, problem = BLOCK_DAMAGE[damage]
+    corrupt(tmp_path / "s.zarr" / cfg.name)
+    report = store.verify(cfg.exp)
+    assert report.lines() == [f"{cell}: {problem}" for cell in cells]
+    todo, done_before = plan(cfg, store, force=False)
+    assert done_before == 6 and sorted(report.names[idx] for idx, _ in todo) == list(cells)
+    assert store.verify(cfg.exp).ok
+
+
+def test_a_bundle_writes_each_chunk_of_its_block_once_and_keeps_the_other_cells(tmp_path):
+    """storage/blocks.py: a block chunk a bundle covers whole is written without reading; one that
+    holds cells of another run (a resumed block) is read, updated and written back."""
+    cfg, store = make_store(tmp_path / "s.zarr", chunk_cells=2)
+    c_star = np.asarray(open_results(tmp_path / "s.zarr").c_star)
+    store.mark_not_done([(0, 0, 1)])
+    vals = {name: (np.arange(5, dtype=var.dtype) if var.dims else np.asarray(9, dtype=var.dtype))
+            for name, var in cfg.exp.variables.items()}
+    hashes = store.write_many([(0, 0, 0), (0, 0, 1)], [vals, vals])
+    assert hashes[0] is None and hashes[1] is not None  # (0, 0, 0) is done: refused, never overwritten
+    assert store.mark_many([(0, 0, 1)], [hashes[1]]) == [True]
+    got = np.asarray(open_results(tmp_path / "s.zarr").c_star)
+    assert got[0, 0, 0] == c_star[0, 0, 0] == 7 and got[0, 0, 1] == 9
+    assert (got[1:] == c_star[1:]).all() and store.verify(cfg.exp).ok
+    files = sorted(p.name for p in (tmp_path / "s.zarr" / cfg.name / "c_star" / "c").rglob("*") if p.is_file())
+    assert len(files) == 4  # a file per block of 2 cells, not per cell
 
 
 @pytest.mark.parametrize("damage,todo", [("done_metadata_deleted", 8), ("coordinate_garbage", 0)])
@@ -186,16 +233,16 @@ def test_corrupted_run_is_named_then_repaired_by_a_rerun(cli, prefect_server, wr
 
     run(0)
     clean = open_results(store).load()
-    (g / "c_star/c/0/0/1").unlink()  # d=12, alpha=0.5, seed=1
-    flip_byte(g / "q_sample/c/0/1/0/0")  # d=12, alpha=1.0, seed=0
+    assert json.loads((g / "zarr.json").read_text())["attributes"]["kktlab_block"] == [1, 1, 2]  # bundle_size 2
+    flip_byte(g / "q_sample/c/0/1/0/0")  # the block of d=12, alpha=1.0: seeds 0 and 1
     verify = cli.run("verify", store)
     assert verify.returncode == 1
     assert verify.stdout.splitlines()[1:] == [
-        "  damaged: d=12, alpha=0.5, seed=1: variable c_star chunk missing",
-        "  damaged: d=12, alpha=1.0, seed=0: variable q_sample checksum mismatch"], verify.stdout
+        "  damaged: d=12, alpha=1.0, seed=0: variable q_sample checksum mismatch",
+        "  damaged: d=12, alpha=1.0, seed=1: variable q_sample checksum mismatch"], verify.stdout
     status = cli.run("status", store)
     assert status.returncode == 1 and "2/4" in status.stdout and "2 cells damaged" in status.stdout, status.stdout
-    assert "d=12, alpha=0.5, seed=1: variable c_star chunk missing" in status.stdout
+    assert "d=12, alpha=1.0, seed=1: variable q_sample checksum mismatch" in status.stdout
     show = cli.run("show", store)
     assert show.returncode != 0 and "damaged" in show.stderr and "Traceback" not in show.stderr
 

@@ -12,7 +12,7 @@ import time
 from core.declare import REQUIRED, Cell, Experiment, Param, Result, Var
 
 __all__ = ["REQUIRED", "Cell", "Experiment", "Param", "Result", "Var", "EXPERIMENTS", "register", "get", "names",
-           "timed"]
+           "timed", "by_shape"]
 
 EXPERIMENTS: dict[str, Experiment] = {}
 
@@ -25,6 +25,33 @@ def timed(run_bundle):
         out = run_bundle(cells, *args, **kwargs)
         wall = (time.perf_counter() - t0) / max(len(cells), 1)
         return [dict(res, wall_s=wall) for res in out]
+
+    return run
+
+
+def by_shape(run_bundle):
+    """A reading experiment's ``run_bundle(cells, device, inputs=Nets)`` that runs the nets of each
+    true shape (d, m, width; test points where the producer keeps them) as a stacked bundle of its
+    own, cut to that shape: no padding enters, so a cell's values are bit for bit the same whatever
+    its bundle mates (issue 29 item 2: padded axes change the order of the kernels' sums). The chain
+    cuts a reading stage's bundles by the reader's own parameters, blind to its upstream nets' shapes."""
+    @functools.wraps(run_bundle)
+    def run(cells: list[Cell], device: str = "auto", inputs=None, **kwargs) -> list[Result]:
+        if inputs is None:
+            return run_bundle(cells, device, **kwargs)
+        groups: dict[tuple, list[int]] = {}
+        n_test = inputs.extra.get("n_test_used")
+        for i in range(len(cells)):
+            shape = (int(inputs.d[i]), int(inputs.m[i]), int(inputs.width[i]), inputs.problems[i],
+                     None if n_test is None else int(n_test.reshape(len(cells), -1)[i, 0]))
+            groups.setdefault(shape, []).append(i)
+        if len(groups) == 1:
+            return run_bundle(cells, device, inputs=inputs.select(list(range(len(cells)))), **kwargs)
+        out: list[Result] = [{}] * len(cells)
+        for idx in groups.values():
+            for i, res in zip(idx, run_bundle([cells[i] for i in idx], device, inputs=inputs.select(idx), **kwargs)):
+                out[i] = res
+        return out
 
     return run
 

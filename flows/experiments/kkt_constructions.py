@@ -10,7 +10,7 @@ from __future__ import annotations
 
 
 from core.declare import NetsNeeds
-from flows.experiments import Experiment, Param, Var, register, timed
+from flows.experiments import Experiment, Param, Var, register, by_shape, timed
 from tasks.cells import kkt_constructions as cell_fn
 
 P = {
@@ -60,6 +60,7 @@ def extra_dims(cells: list[dict]) -> dict[str, int]:
 
 
 @timed
+@by_shape
 def run_bundle(cells: list[dict], device: str = "auto", inputs=None) -> list[dict]:
     """``inputs``: the upstream nets of ``cells``, in order (storage.nets.Nets), float64 on the CPU."""
     n = inputs

@@ -20,11 +20,13 @@ import time
 import torch
 
 from core.errors import ConfigError
+from flows import bundle_progress
 from flows import checkpoint as checkpoint_io
 from flows.experiments import Experiment, Param, Var, register
 from tasks import attacks, data, nets, train
 from tasks.cells import nonrobust as cell_fn
 from tasks.cells.nonrobust import n_samples
+from tasks.train.compile_policy import CompilePolicy
 
 M_MAX = 10**8  # most training samples m (given, or round(d^alpha))
 P = {
@@ -47,8 +49,10 @@ P = {
     "init_scale": Param(float, 1.0, "multiplier of the PyTorch default init (spec E13)", gt=0),
     "dtype": Param(str, "float64", "training precision (analysis is always float64)", choices=("float32", "float64")),
     "compile_step": Param(bool, False, "run the training step under torch.compile: equal to eager to ~1e-15, "
-                          "5-60 s of compiling per process and shape; pays from E >= 256 nets over >= 1e4 steps "
-                          "(benchmarks/README.md, issue 19)"),
+                          "25-85 s of compiling per process and shape with an empty cache (6-11 s warm); auto: "
+                          "compile only once the eager steps run would have paid for it (break-even rule, "
+                          "tasks/train/compile_policy.py; benchmarks/README.md, issues 19, 33)",
+                          choices=(False, True, "auto")),
     "slack": Param(float, 1.1, "margin set I = {q_i <= slack · q_min} (paper: 1.1)", min=1.0),
     "attack": Param(str, "margin_direction", "universal direction", choices=tuple(attacks.DIRECTIONS)),
     "kkt_max_m": Param(int, 4000, "fit KKT multipliers only when m <= this (NNLS is O(m²))", min=0, max=M_MAX),
@@ -114,7 +118,9 @@ def bundle_key(cell: dict) -> tuple:
     shape_free = {k: v for k, v in cell.items() if k not in ("seed", "d", "alpha", "m", "width")}
     m = n_samples(cell)
     minibatch = m if m > cell["batch_size"] else 0  # minibatch cells are not padded in m
-    return tuple(sorted(shape_free.items())) + (("minibatch_m", minibatch),)
+    # one true shape per bundle (issue 29 item 2): nothing is padded, so a cell's values are bit for
+    # bit the same whatever its bundle mates (padding changes the order of the kernels' sums)
+    return tuple(sorted(shape_free.items())) + (("minibatch_m", minibatch), ("shape", (cell["d"], m, cell["width"])))
 
 
 def cost(cell: dict) -> float:
@@ -167,10 +173,15 @@ def train_bundle(cells: list[dict], device: str = "auto", checkpoint: str | None
     ``checkpoint_every_s`` seconds (and after the last of ``max_chunks`` chunks)."""
     (net, X, y, mask, gens), sched, state, (net_dev, Xd, yd, maskd) = start_training(cells, device, checkpoint,
                                                                                        datasets)
-    last_save, chunks = time.monotonic(), 0
+    last_save, chunks, rep = time.monotonic(), 0, bundle_progress.current()  # in-bundle progress (issue 30)
+    policy = compile_policy(cells, Xd, net_dev)
     while state is None or bool(state.running.any()):
+        base, steps = (0 if state is None else int(state.iters.max())), cell_fn.chunk_steps(cells, sched)
+        comp, t_piece = policy.choose(base, sched.max_iters - base), time.perf_counter()
         state = train.train(net_dev, Xd, yd, sched, mask=maskd, batch_generators=gens, state=state,
-                            max_steps=cell_fn.chunk_steps(cells, sched), compile=cells[0].get("compile_step", False))
+                            max_steps=steps, compile=comp, progress=rep.within(base, steps))
+        policy.record(time.perf_counter() - t_piece, int(state.iters.max()) - base, comp)
+        bundle_progress.train_report(rep, state, sched.max_iters, sched.target_loss)
         chunks += 1
         stop = max_chunks is not None and chunks >= max_chunks
         if checkpoint and (stop or time.monotonic() - last_save >= checkpoint_every_s):
@@ -179,6 +190,11 @@ def train_bundle(cells: list[dict], device: str = "auto", checkpoint: str | None
         if stop:
             break
     return state, (net, X, y, mask, gens)
+
+
+def compile_policy(cells: list[dict], X: torch.Tensor, net: nets.TwoLayer) -> CompilePolicy:
+    """The bundle's ``compile_step`` (true, false or auto: the break-even rule) for its stack's shape."""
+    return CompilePolicy(cells[0].get("compile_step", False), (str(X.device), X.dtype, tuple(X.shape), net.W.shape[1]))
 
 
 def train_then(measure, cells: list[dict], device: str = "auto", checkpoint: str | None = None,

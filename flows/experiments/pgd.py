@@ -18,7 +18,7 @@ import torch
 
 from core.declare import NetsNeeds
 from core.errors import UserError
-from flows.experiments import Experiment, Param, Var, register, timed
+from flows.experiments import Experiment, Param, Var, register, by_shape, timed
 from flows.experiments.single_step import attacked_points, extra_dims
 from flows.bundles import memory_budget
 from tasks.attacks import chunk_for
@@ -59,6 +59,7 @@ V = {
 
 
 @timed
+@by_shape
 def run_bundle(cells: list[dict], device: str = "auto", inputs=None) -> list[dict]:
     n = inputs
     ex = n.extra

@@ -13,7 +13,7 @@ and the candidate itself (dims candidate, feature: one chunk per cell).
 from __future__ import annotations
 
 
-from flows.experiments import Experiment, Param, Var, register, timed
+from flows.experiments import Experiment, Param, Var, register, by_shape, timed
 from tasks.cells import reconstruct as cell_fn
 from tasks.reconstruct import INITS, OBJECTIVES
 from tasks.reconstruct.attack import DIVERGED, DONE
@@ -97,6 +97,7 @@ def cost(cell: dict) -> float:
 
 
 @timed
+@by_shape
 def run_bundle(cells: list[dict], device: str = "auto", inputs=None) -> list[dict]:
     """``inputs``: the upstream nets of ``cells``, in order (storage.nets.Nets), float64 on the CPU."""
     import torch

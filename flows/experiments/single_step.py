@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from core.declare import NetsNeeds
-from flows.experiments import Experiment, Param, Var, register, timed
+from flows.experiments import Experiment, Param, Var, register, by_shape, timed
 from flows.bundles import memory_budget
 from tasks.attacks import STEP_ATTACKS, chunk_for
 from tasks.cells import single_step as cell_fn
@@ -49,6 +49,7 @@ V["wall_s"] = Var("s", "bundle wall time divided by its cells", finite=True)
 
 
 @timed
+@by_shape
 def run_bundle(cells: list[dict], device: str = "auto", inputs=None) -> list[dict]:
     """``inputs``: the upstream nets (storage.nets.Nets with extras W0, X_test, y_test, n_test_used).
     Float64 on the CPU (spec §7: fp64 cumulative sums; the CPU oracle)."""

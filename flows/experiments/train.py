@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from core.errors import ConfigError
+from flows import bundle_progress
 from flows import checkpoint as checkpoint_io
 from core.declare import NetsContract
 from flows.experiments import Experiment, Param, Var, nonrobust, register
@@ -169,16 +170,20 @@ def train_logged(cells: list[dict], device: str, checkpoint: str | None, sets: l
         state, rows = None, {k: torch.full((len(cells), len(marks)), math.nan, dtype=torch.float64)
                              for k in cell_fn.TRAJECTORY}  # a checkpoint without its trajectory: start again
     done = 0 if state is None else int(state.iters.max())
-    last_save, piece = time.monotonic(), chunk_steps(cells, sched)
+    last_save, piece, rep = time.monotonic(), chunk_steps(cells, sched), bundle_progress.current()
+    policy = nonrobust.compile_policy(cells, Xd, net_dev)
     for i, t in enumerate(marks):
         if t <= done:
             continue
         was_running = torch.ones(len(cells), dtype=torch.bool) if state is None else state.running.cpu()
         while done < t and (state is None or bool(state.running.any())):  # pieces as the unlogged path's
             step = min(t, (done // piece + 1) * piece)
+            comp, t_piece = policy.choose(done, sched.max_iters - done), time.perf_counter()
             state = train.train(net_dev, Xd, yd, sched, mask=maskd, state=state, max_steps=step - done,
-                                compile=cells[0].get("compile_step", False))
+                                compile=comp, progress=rep.within(done, step - done))
+            policy.record(time.perf_counter() - t_piece, int(state.iters.max()) - done, comp)
             done = step
+            bundle_progress.train_report(rep, state, sched.max_iters, sched.target_loss)
             if checkpoint and done < t and time.monotonic() - last_save >= checkpoint_every_s:
                 checkpoint_io.save(checkpoint, state, gens, extra=rows)  # a kill between marks loses <= a piece
                 last_save = time.monotonic()

@@ -66,7 +66,12 @@ def check(cell: dict) -> None:
 
 
 def bundle_key(cell: dict) -> tuple:
-    return tuple(sorted((k, v) for k, v in cell.items() if k not in ("seed", "data_seed", "d", "m", "width")))
+    """Seeds stack; the true shape (d, m, width; linear: width 1) is the bundle's own: nothing is
+    padded, so a net is bit for bit the same whatever its bundle mates (issue 29 item 2; padding
+    changes the order of the kernels' sums: ~1e-16 in W)."""
+    shape = (cell["d"], cell["m"], 1 if cell["model"] == "linear" else cell["width"])
+    return tuple(sorted((k, v) for k, v in cell.items() if k not in ("seed", "data_seed", "d", "m", "width"))) \
+        + (("shape", shape),)
 
 
 def extra_dims(cells: list[dict]) -> dict[str, int]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 
 from core.declare import NetsNeeds
-from flows.experiments import Experiment, Var, register, timed
+from flows.experiments import Experiment, Var, register, by_shape, timed
 from flows.experiments import nonrobust
 from tasks.cells import universal_attack as cell_fn
 
@@ -35,6 +35,7 @@ def bundle_key(cell: dict) -> tuple:
 
 
 @timed
+@by_shape
 def run_bundle(cells: list[dict], device: str = "auto", inputs=None) -> list[dict]:
     """``inputs``: the upstream nets of ``cells``, in order (storage.nets.Nets). Analysis is float64
     on the CPU, as in ``nonrobust``."""

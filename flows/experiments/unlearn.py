@@ -26,7 +26,7 @@ from __future__ import annotations
 
 
 from core.declare import NetsContract, NetsNeeds
-from flows.experiments import Experiment, Param, Var, register, timed
+from flows.experiments import Experiment, Param, Var, register, by_shape, timed
 from flows.experiments import train as train_exp
 from tasks.cells import unlearn as cell_fn
 from tasks.data.mixture import SCALINGS
@@ -141,6 +141,7 @@ def bundle_key(cell: dict) -> tuple:
 
 
 @timed
+@by_shape
 def run_bundle(cells: list[dict], device: str = "auto", inputs=None) -> list[dict]:
     """``inputs``: the upstream nets of ``cells``, in order (storage.nets.Nets), float64 on the CPU."""
     n = inputs

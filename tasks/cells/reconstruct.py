@@ -96,7 +96,7 @@ def run(W, b, v, X, y, mask, d, m, width, cells: list[dict], device: str = "cpu"
             "candidates": res.x[e, :, :de].numpy(), "ssim": sim.numpy(),
             "ssim10": float(sim[sc.dist[e].argsort()[:10]].mean()), "ssim_max": float(sim.max()),
             "avg_frac": float(closer[e].double().mean()), "avg_ratio": float(score.median(ratio[e])),
-            **{k: (t[e].numpy() if t.dim() == 2 else float(t[e])) for k, t in per_point.items()},
+            **{k: (t[e, :me].numpy() if t.dim() == 2 else float(t[e])) for k, t in per_point.items()},  # own m
         })
     return out
 

@@ -260,7 +260,7 @@ def unlearn(W, b, v, X, y, mask, d, m, width, rng, keys: list[str], cells: list[
         lem = bnd.multiplier_lemmas("linear" if linear else "two_layer", lam_e, act_mass,
                                     X[e, :me].pow(2).sum(-1), ne, eps1, delta1, float(eps_d[e]))
         anc = anchors[e, okL]
-        eps_l = torch.full((int(m.max()),), math.nan, dtype=torch.float64)
+        eps_l = torch.full((me,), math.nan, dtype=torch.float64)  # the net's own m, whatever its bundle's
         eps_l[anc] = T["eps"][e, okL, a]
         res = {
             "m_used": me, "width_used": ne, "n_forget_sets": int(okL.sum()),

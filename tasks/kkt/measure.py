@@ -73,6 +73,17 @@ def residual(W, u, X, y, S, lam):
     return W - u.unsqueeze(-1) * (coef.transpose(-1, -2) @ X)
 
 
+def _lstsq(A: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Least squares per matrix of the stack. On the CPU one LAPACK call (gelsd) per matrix: MKL's
+    batched answer depends on the matrix's place in the batch (~1e-14 on 7x7 systems, issue 29 item 2),
+    so a bundled net would get other multipliers than the same net alone."""
+    if A.device.type != "cpu":
+        return torch.linalg.lstsq(A, b).solution
+    A2, b2 = A.reshape(-1, *A.shape[-2:]), b.reshape(-1, *b.shape[-2:])
+    sol = [torch.linalg.lstsq(A2[i:i + 1], b2[i:i + 1], driver="gelsd").solution for i in range(A2.shape[0])]
+    return torch.cat(sol).reshape(*A.shape[:-2], A.shape[-1], b.shape[-1])
+
+
 def _polish(K: torch.Tensor, q: torch.Tensor, lam: torch.Tensor, mask: torch.Tensor, rounds: int = 3):
     """Active-set refinement of a first-order NNLS solution: solve K_SS λ_S = q_S on the support S
     exactly (least squares, K may be singular: spec N5), drop negatives, repeat; keep a candidate
@@ -87,7 +98,7 @@ def _polish(K: torch.Tensor, q: torch.Tensor, lam: torch.Tensor, mask: torch.Ten
         ss = sup.unsqueeze(-1) & sup.unsqueeze(-2)
         A = torch.where(ss, K, eye.expand_as(K))
         b = torch.where(sup, q, torch.zeros_like(q))
-        cand = torch.linalg.lstsq(A, b.unsqueeze(-1), driver="gelsd" if A.device.type == "cpu" else None).solution
+        cand = _lstsq(A, b.unsqueeze(-1))
         cand = torch.where(sup, cand.squeeze(-1), torch.zeros_like(q))
         ok = (cand >= 0).all(-1) & torch.isfinite(cand).all(-1)
         o = obj(cand.clamp_min(0))
@@ -124,7 +135,7 @@ class KKTMeasure:
     q_min: torch.Tensor  # raw minimum margin over the evaluation set
     theta_norm: torch.Tensor  # ‖cθ‖
     n_support: torch.Tensor  # #{i : λ_i > 1e-8·max λ}
-    active_frac: torch.Tensor  # (*B,m) (1/n) Σ_j S_ij (linear: 1)
+    active_frac: torch.Tensor  # (*B,m) (1/n) Σ_j S_ij over the n neurons with u_j ≠ 0 (linear: 1)
     feasible: torch.Tensor  # bool: min margin > 0 (primal feasibility reachable by rescaling)
     method: str
 
@@ -174,7 +185,9 @@ def kkt_measure(W: torch.Tensor, u: torch.Tensor | None, X: torch.Tensor, y: tor
     inf = torch.full_like(eps, math.inf)
     eps, delta = torch.where(feasible, eps, inf), torch.where(feasible, delta, inf)
     n_sup = (lam > 1e-8 * lam.amax(-1, keepdim=True).clamp_min(1e-300)).sum(-1)
-    act = (torch.ones_like(q) if S is None else S.mean(-1).expand(*shape, m)).masked_fill(~valid, math.nan)
+    # (1/n) Σ_j S_ij over the net's own n neurons (u_j ≠ 0): zero-padded neurons never count
+    act = (torch.ones_like(q) if S is None else (S.sum(-1) / (u != 0).sum(-1, keepdim=True).clamp_min(1))
+           .expand(*shape, m)).masked_fill(~valid, math.nan)
     return KKTMeasure(eps=eps, delta=delta, eps_rel=eps / theta_norm.clamp_min(1e-300), lam=lam, q=q, c=c,
                       q_min=q_min, theta_norm=theta_norm, n_support=n_sup, active_frac=act, feasible=feasible,
                       method=method)

@@ -289,7 +289,7 @@ def train(net: TwoLayer, X: torch.Tensor, y: torch.Tensor, schedule: Schedule, *
           mask: torch.Tensor | None = None, batch_generators: list[torch.Generator] | None = None,
           state: TrainState | None = None, max_steps: int | None = None,
           chunk: int | None = None, compile: bool = False,
-          steps_per_call: int = STEPS_PER_CALL) -> TrainState:
+          steps_per_call: int = STEPS_PER_CALL, progress=None) -> TrainState:
     """Train the stack until every net has converged, died, diverged or hit ``max_iters``.
 
     X (E,m,d), y (E,m) in {±1}, mask (E,m) marks real samples (padding is False). If
@@ -308,21 +308,25 @@ def train(net: TwoLayer, X: torch.Tensor, y: torch.Tensor, schedule: Schedule, *
     benchmarks/train_batched.py, whose README says where it pays). Full-batch steps then run in
     compiled blocks of :func:`block_size` steps (``steps_per_call``, :func:`compiled_steps`); a
     call's last few steps that do not fill a block run eagerly.
+
+    ``progress`` (optional): called as ``progress(done, of)`` at each sync point (where the host
+    looks anyway), the call's steps done of all it may take; the caller decides what to do with it.
     """
     E, m, _ = X.shape
     if chunk is None:
         chunk = auto_chunk(E, min(m, schedule.batch_size), net.W.shape[1], X.dtype, X.device)
         chunk = even_chunk(E, chunk) if compile else chunk
     if chunk < E:
-        parts = []
+        parts, n_parts = [], -(-E // chunk)
         for lo in range(0, E, chunk):
             sl = slice(lo, min(E, lo + chunk))
+            part = None if progress is None else (lambda s, n, i=lo // chunk: progress(i * n + s, n_parts * n))
             sub = None if state is None else TrainState(
                 net=state.net.select(sl), **{f: getattr(state, f)[sl] for f in STATE_FIELDS})
             parts.append(train(net.select(sl), X[sl], y[sl], schedule, mask=None if mask is None else mask[sl],
                                batch_generators=None if batch_generators is None else batch_generators[sl],
                                state=sub, max_steps=max_steps, chunk=sl.stop - sl.start, compile=compile,
-                               steps_per_call=steps_per_call))
+                               steps_per_call=steps_per_call, progress=part))
         return concat_states(parts)
     mask = torch.ones(E, m, dtype=torch.bool, device=X.device) if mask is None else mask
     st = state if state is not None else init_state(net, schedule)
@@ -373,6 +377,8 @@ def train(net: TwoLayer, X: torch.Tensor, y: torch.Tensor, schedule: Schedule, *
             _status(st, st.iters >= schedule.max_iters, MAX_ITERS)
             if not bool(st.running.any()):
                 break
+            if progress is not None:
+                progress(steps, max_steps)
     st.net.W = st.net.W.contiguous()
     return st
 

@@ -1,0 +1,144 @@
+"""The worker side of progress inside a bundle (issue 30 item 3) and of stopping it (item 1).
+
+``run_bundle`` (flows/sweep.py) runs each bundle inside :func:`reporting`, which writes the
+bundle's progress file (storage/bundle_progress.py) when it starts and installs a
+:class:`Reporter` for the code of the bundle to find with :func:`current`. A training loop calls
+it with what it knows (``rep(steps=, total=, loss=, target=)``, log10 losses); the reporter writes
+at most every :data:`EVERY_S` seconds, so a fast loop costs a clock read per call. The kernels
+in tasks/ only get an optional callable (``tasks.train.train(progress=...)``); the files are
+written here. Outside a bundle (tests, benchmarks) :func:`current` is a reporter that does nothing.
+
+Each report also looks (at most every :data:`CANCEL_CHECK_S` s) for the group's cancel request
+(``kktlab cancel``, or the flow process when its run stops): then it raises
+:class:`BundleCancelled`, which stops the bundle within seconds on any worker, local or at an
+``address``, with its last checkpoint kept, so the rerun resumes. A cancelled bundle is never
+stored as failed and never retried (it is a ``UserError``: flows/sweep.py ``compute_cells``)."""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import math
+import time
+
+from core.errors import UserError
+from storage import bundle_progress as files
+
+EVERY_S = 10.0  # a bundle's progress file is rewritten at most this often
+CANCEL_CHECK_S = 1.0  # a cancel request is looked for at most this often
+
+
+class BundleCancelled(UserError):
+    """The bundle stopped because its run was cancelled (its checkpoint is kept: rerun to resume)."""
+
+
+class Reporter:
+    """``rep(steps=..., total=..., loss=..., target=...)``: note the bundle's progress (None keeps
+    a field as it was); ``rep.checkpointed()``: a checkpoint was just written."""
+
+    active = True
+
+    def __init__(self, store: str, group: str, key: str, name: str = "", cells: int = 0,
+                 every_s: float = EVERY_S, clock=time.time):
+        self.store, self.group, self.every_s, self.clock = store, group, every_s, clock
+        self.path = files.path_for(store, group, key)
+        now = clock()
+        self.record = {"name": name, "cells": cells, "started": now, "updated": now, "steps": None, "total": None,
+                       "loss": None, "target": None, "checkpoint_at": None}
+        self.last_write = self.last_check = float("-inf")
+        self.check_cancel()
+        self.write()
+
+    def __call__(self, steps=None, total=None, loss=None, target=None) -> None:
+        for k, v in (("steps", steps), ("total", total), ("loss", loss), ("target", target)):
+            if v is not None:
+                v = float(v)
+                self.record[k] = int(v) if k in ("steps", "total") else (v if math.isfinite(v) else None)
+        self.check_cancel()
+        if self.clock() - self.last_write >= self.every_s:
+            self.write()
+
+    def checkpointed(self) -> None:
+        self.record["checkpoint_at"] = self.clock()
+        self.write()
+
+    def within(self, base: int, steps: int):
+        """The callable for one ``train(max_steps=steps)`` call that starts at step ``base``:
+        ``(done, of)`` inside the call -> ``steps=base + done/of * steps``."""
+        return lambda done, of: self(steps=base + (done * steps) // max(of, 1))
+
+    def check_cancel(self) -> None:
+        now = self.clock()
+        if now - self.last_check < CANCEL_CHECK_S:
+            return
+        self.last_check = now
+        if files.cancel_requested(self.store, self.group):
+            raise BundleCancelled(f"run cancelled: group '{self.group}' of {self.store} stopped (rerun to resume)")
+
+    def write(self) -> None:
+        self.last_write = self.record["updated"] = self.clock()
+        try:
+            files.write(self.path, self.record)
+        except OSError:  # a progress file never stops a bundle
+            pass
+
+
+class _Quiet:
+    """What :func:`current` gives outside a bundle: nothing is written, nothing is checked."""
+
+    active = False
+
+    def __call__(self, **_) -> None:
+        pass
+
+    def checkpointed(self) -> None:
+        pass
+
+    def within(self, base: int, steps: int):
+        return None
+
+
+_CURRENT: contextvars.ContextVar = contextvars.ContextVar("kktlab_bundle_progress", default=_Quiet())
+
+
+def current():
+    """The reporter of the bundle this thread runs (a quiet one outside any)."""
+    return _CURRENT.get()
+
+
+@contextlib.contextmanager
+def reporting(target: dict | None, key: str | None, name: str = "", cells: int = 0):
+    """Run a bundle with its progress file: ``target`` (store, group) and ``key`` (the bundle's
+    result-cache key, which the flow knows too) name it; without them nothing is written."""
+    if not target or not key:
+        yield _CURRENT.get()
+        return
+    token = _CURRENT.set(Reporter(target["store"], target["group"], key, name or _task_run_name(), cells))
+    try:
+        yield _CURRENT.get()
+    finally:
+        _CURRENT.reset(token)
+
+
+def _task_run_name() -> str:
+    """The bundle's task run name (``nets d=25..50 seed=0..2 (6 cells)``, flows/chain.py), if known."""
+    try:
+        from prefect.runtime import task_run
+
+        return str(task_run.name or "")
+    except Exception:  # noqa: BLE001 - outside a task run
+        return ""
+
+
+def train_report(rep, state, max_iters: int, target_loss: float) -> None:
+    """Report a ``tasks.train.TrainState``: the furthest net's step of ``max_iters`` and the worst
+    running net's loss vs the target (log10); one host sync, only when ``rep`` is active."""
+    if not rep.active:
+        return
+    import torch
+
+    run = state.running
+    worst = torch.where(run, state.log_loss, torch.full_like(state.log_loss, -math.inf)).max() if bool(run.any()) \
+        else state.log_loss.max()
+    rep(steps=int(state.iters.max()), total=max_iters, loss=float(worst) / math.log(10),
+        target=math.log10(target_loss) if target_loss > 0 else None)
