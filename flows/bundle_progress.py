@@ -5,8 +5,8 @@ bundle's progress file (storage/bundle_progress.py) when it starts and installs 
 :class:`Reporter` for the code of the bundle to find with :func:`current`. A training loop calls
 it with what it knows (``rep(steps=, total=, loss=, target=)``, log10 losses); the reporter writes
 at most every :data:`EVERY_S` seconds, so a fast loop costs a clock read per call. The kernels
-in tasks/ only get an optional callable (``tasks.train.train(progress=...)``); the files are
-written here. Outside a bundle (tests, benchmarks) :func:`current` is a reporter that does nothing.
+in tasks/ only get an optional callable (``tasks.train.train(progress=...)``; the other long
+kernels' ``progress(done, of, loss)``, made by :func:`for_kernel`); the files are written here. Outside a bundle (tests, benchmarks) :func:`current` is a reporter that does nothing.
 
 Each report also looks (at most every :data:`CANCEL_CHECK_S` s) for the group's cancel request
 (``kktlab cancel``, or the flow process when its run stops): then it raises
@@ -62,6 +62,11 @@ class Reporter:
         self.record["checkpoint_at"] = self.clock()
         self.write()
 
+    def due(self) -> bool:
+        """Whether a report now would be written: a kernel's loss (which may read the device, a host
+        sync) is read only then (:func:`for_kernel`)."""
+        return self.clock() - self.last_write >= self.every_s
+
     def within(self, base: int, steps: int):
         """The callable for one ``train(max_steps=steps)`` call that starts at step ``base``:
         ``(done, of)`` inside the call -> ``steps=base + done/of * steps``."""
@@ -93,6 +98,9 @@ class _Quiet:
 
     def checkpointed(self) -> None:
         pass
+
+    def due(self) -> bool:
+        return False
 
     def within(self, base: int, steps: int):
         return None
@@ -142,3 +150,20 @@ def train_report(rep, state, max_iters: int, target_loss: float) -> None:
         else state.log_loss.max()
     rep(steps=int(state.iters.max()), total=max_iters, loss=float(worst) / math.log(10),
         target=math.log10(target_loss) if target_loss > 0 else None)
+
+
+def for_kernel(rep, base: int = 0, total: int | None = None, target: float | None = None):
+    """The ``progress(done, of, loss=None)`` callable a kernel in tasks/ takes (None outside a bundle:
+    the kernel then does nothing). It reports step ``base + done`` of ``total`` (default ``base + of``);
+    ``loss``, a callable the kernel passes that gives the natural log of the loss it drives down (it
+    may read the device), is called only when the report will be written (at most every
+    :data:`EVERY_S` s: a bounded number of host syncs); ``target`` a log10 loss. A cancel request
+    raises :class:`BundleCancelled` out of the kernel (it must not swallow it)."""
+    if not rep.active:
+        return None
+
+    def progress(done, of, loss=None) -> None:
+        log10 = loss() / math.log(10) if loss is not None and rep.due() else None
+        rep(steps=base + int(done), total=base + int(of) if total is None else total, loss=log10, target=target)
+
+    return progress

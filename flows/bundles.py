@@ -25,10 +25,10 @@ def make_bundles(exp: Experiment, cells: list[tuple[tuple, dict]], bundle_size: 
     bundles = []
     if not exp.stacked:
         for key in sorted(groups, key=repr):
-            bundles += _sequential(exp, _units(groups[key], block), bundle_size, workers)
+            bundles += _sequential(exp, by_block(groups[key], block), bundle_size, workers)
         return bundles
     for key in sorted(groups, key=repr):
-        units = sorted(_units(groups[key], block), key=lambda u: (max(exp.cost(c) for _, c in u), u[0][0]))
+        units = sorted(by_block(groups[key], block), key=lambda u: (max(exp.cost(c) for _, c in u), u[0][0]))
         size = max(1, min(bundle_size, math.ceil(len(groups[key]) / max(workers, 1))))
         current, total, peak = [], 0.0, 0.0
         for unit in units:
@@ -47,8 +47,9 @@ def make_bundles(exp: Experiment, cells: list[tuple[tuple, dict]], bundle_size: 
     return bundles
 
 
-def _units(items: list, block: tuple[int, ...] | None) -> list[list]:
-    """``items`` grouped by the block that holds them, in order of their first cell."""
+def by_block(items: list, block: tuple[int, ...] | None) -> list[list]:
+    """``(index, cell)`` pairs grouped by the block (storage/blocks.py) that holds them, in order of
+    their first cell."""
     if block is None or all(b == 1 for b in block):
         return [[it] for it in items]
     units: dict[tuple, list] = {}

@@ -36,7 +36,7 @@ from flows import result_cache
 from flows import run_ui
 from flows.result_cache import FAILED, HASH, NO_ROOM, REFUSED, ROOM_ERRNOS
 from flows.bundle_progress import BundleCancelled
-from flows.bundles import bundle_name, make_bundles, memory_budget
+from flows.bundles import bundle_name, by_block, make_bundles, memory_budget
 from flows.progress import Progress
 from storage import bundle_progress as inside
 from storage import runlock
@@ -247,7 +247,7 @@ class Scheduler:
                 self._submit(st, st.todo)
                 continue
             ready = []
-            for unit in _by_block(st.todo, st.store.block()):  # a block's cells go together (storage/blocks.py)
+            for unit in by_block(st.todo, st.store.block()):  # a block's cells go together (storage/blocks.py)
                 up = next((tuple(idx[:st.k]) for idx, _ in unit if tuple(idx[:st.k]) in st.up.pending), None)
                 (st.waiting[up].extend(unit) if up is not None else ready.extend(unit))  # its upstream cells
             if ready:  # pending lie in one upstream block, so one upstream bundle releases the block
@@ -294,14 +294,6 @@ class Scheduler:
         run_ui.finish(self.path, [st.stats for st in self.stages], [st.cfg.experiment for st in self.stages],
                       [st.writer.progress.line().removeprefix("[kktlab] ") for st in self.stages if st.writer])
         return [st.stats for st in self.stages]
-
-
-def _by_block(items: list, block: tuple[int, ...]) -> list[list]:
-    """``(index, cell)`` pairs grouped by the block that holds them."""
-    units: dict[tuple, list] = {}
-    for item in items:
-        units.setdefault(tuple(int(i) // b for i, b in zip(item[0], block)), []).append(item)
-    return list(units.values())
 
 
 def _flow_run() -> dict:

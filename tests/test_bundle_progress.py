@@ -1,11 +1,13 @@
 """Progress inside a bundle and stopping it (issue 30 items 1, 3): the worker's reporter and its
 files, the training loop's hook, the line users read, and a real run whose long bundle is read
-while it trains and then cancelled with ``kktlab cancel`` (resumable)."""
+while it trains (its file, ``kktlab status``, and the run's logs and progress card in the Prefect
+API) and then cancelled with ``kktlab cancel`` (resumable)."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import time
 
@@ -104,12 +106,32 @@ LONG = {"experiment": "nonrobust", "name": "long", "grid": {"seed": [0, 1]},
         "runner": {"workers": 1, "bundle_size": 2}}
 
 
+INSIDE = re.compile(r"; bundle long seed=0\.\.1 \(2 cells\): step \d+/2000000 \(\d+%\), loss 1e")
+
+
+def _inside_in_the_api(run_id: str) -> tuple[list[str], list[str]]:
+    """The root flow run's progress log lines and its progress card's text that carry the bundle's own
+    progress (read filtered on the server by the flow run: the session's server holds every test's runs)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, LogFilter, LogFilterFlowRunId
+    from prefect.client.schemas.sorting import LogSort
+
+    with get_client(sync_client=True) as client:
+        logs = client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])), limit=200,
+                                sort=LogSort.TIMESTAMP_DESC)
+        cards = client.read_artifacts(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id])))
+    texts = [f"{a.key}: {a.description if a.type == 'progress' else a.data}" for a in cards
+             if a.type in ("progress", "markdown")]
+    return [m.message for m in logs if INSIDE.search(m.message)], [t for t in texts if INSIDE.search(t)]
+
+
 @pytest.mark.requires_services
 @pytest.mark.slow
 def test_a_long_bundle_shows_its_progress_while_it_runs_and_kktlab_cancel_stops_it(cli, prefect_server, tmp_path):
     """A bundle of 2M steps (hours): its progress file and ``kktlab status`` say its step and loss
-    within seconds of its start; ``kktlab cancel`` stops the run (Dask work included) within seconds;
-    the store stays resumable (status reads it, nothing done, no progress files left behind)."""
+    within seconds of its start, and so do the run's log lines and progress card in the Prefect API
+    (the ``; bundle <name>: step N/M`` text) while it runs; ``kktlab cancel`` stops the run (Dask work
+    included) within seconds; the store stays resumable (status reads it, nothing done, no progress files left behind)."""
     import yaml
 
     cfg, store = tmp_path / "long.yaml", tmp_path / "long.zarr"
@@ -127,6 +149,17 @@ def test_a_long_bundle_shows_its_progress_while_it_runs_and_kktlab_cancel_stops_
         assert recs[0]["total"] == 2_000_000 and 0 < recs[0]["steps"] < 2_000_000 and recs[0]["loss"] is not None
         status = cli.run("status", store, timeout=60)
         assert "running: long seed=0..1 (2 cells): step " in status.stdout, status.stdout + status.stderr
+        from storage import runlock
+
+        run_id = runlock.holder(store, "long").get("flow_run_id")  # the run's root flow run, as its lock records it
+        assert run_id, runlock.holder(store, "long")
+        deadline, logs, cards = time.monotonic() + 60, [], []
+        while time.monotonic() < deadline and proc.poll() is None and not (logs and cards):
+            logs, cards = _inside_in_the_api(run_id)
+            time.sleep(1.0)
+        assert proc.poll() is None, "the run ended before its progress was read"  # seen while the bundle runs
+        assert logs, "no '; bundle long ...: step N/2000000' log line on the run within 60 s"
+        assert cards and all(c.startswith(("kktlab-long-long-progress: ", "kktlab-long-long: ")) for c in cards), cards
         t0 = time.monotonic()
         res = cli.run("cancel", store, timeout=90)
         stopped_s = time.monotonic() - t0
@@ -141,3 +174,42 @@ def test_a_long_bundle_shows_its_progress_while_it_runs_and_kktlab_cancel_stops_
     after = cli.run("status", store, timeout=60).stdout
     assert "long" in after and "running:" not in after, after  # readable, resumable; no run computes it now
     assert files.cancel_requested(store, "long")  # kept for workers still to see it; the next run clears it
+
+
+def test_a_stored_bundles_progress_file_is_removed_and_the_others_kept(tmp_path):
+    """The flow removes a bundle's progress file once its cells are stored (flows/chain.py ``_store``):
+    the worker names it by the bundle's result-cache key, the flow by the stem of the receipt's path."""
+    import types
+
+    from flows import chain, result_cache
+
+    store, done, running = str(tmp_path / "s.zarr"), "ab" * 16, "cd" * 16
+    rep_mod.Reporter(store, "g", done)(steps=5, total=10)
+    rep_mod.Reporter(store, "g", running)(steps=1, total=10)
+    written = []
+    st = types.SimpleNamespace(cfg=types.SimpleNamespace(name="g"), pending={(0,)},
+                               writer=types.SimpleNamespace(write=lambda b, r, cached: written.append(r)))
+    flow = types.SimpleNamespace(path=store, _release=lambda *a: None)
+    chain.Scheduler._store(flow, st, [((0,), {})], [{"h": 1}], False, result_cache.path_for(store, "g", done), None,
+                           None)
+    assert written == [[{"h": 1}]] and st.pending == set()
+    assert [r["key"] for r in files.read(store, "g")] == [running]  # the stored bundle's file is gone
+
+
+QUICK = {"experiment": "forging", "name": "quick", "grid": {"seed": [0, 1, 2]},
+         "params": {"model": "linreg", "d": 2, "eps": 0.3, "estimator": "naive_mc", "n_samples": 200},
+         "runner": {"workers": 1, "bundle_size": 1}}
+
+
+@pytest.mark.requires_services
+def test_a_completed_run_leaves_no_progress_files(cli, prefect_server, tmp_path):
+    """Three one-cell bundles run, report (cells done of their total) and are stored: once the run
+    ends no progress file, folder or cancel request is left beside the store."""
+    import yaml
+
+    cfg, store = tmp_path / "quick.yaml", tmp_path / "quick.zarr"
+    cfg.write_text(yaml.safe_dump(QUICK))
+    res = cli.run("run", cfg, "--store", store, timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert files.read(store, "quick") == [] and not files.cancel_requested(store, "quick")
+    assert not (tmp_path / ("quick.zarr" + files.SUFFIX)).exists()

@@ -63,7 +63,7 @@ def test_F004_chain_end_to_end_dims_and_candidate_chunks(chained):
     assert dict(att.candidates.sizes)["candidate"] == 12 and dict(att.candidates.sizes)["feature"] == 16
     assert att.dist.dims[-1] == "candidate" and att.nearest.dtype == np.int64
     g = zarr.open_group(str(chained / "chain.zarr" / "attack"), mode="r")
-    assert g["candidates"].chunks == (1, 1, 1, 1, 12, 16)  # one chunk per cell
+    assert g["candidates"].chunks == (1, 1, 2, 2, 12, 16)  # a chunk per block: a net's radii x restarts
     assert bool((att.status == 1).all()) and bool(np.isfinite(att.objective).all())
     assert float(att.objective.max()) < float(att.objective_init.min())  # the attack descended
     # the init candidates lie on the sphere of radius r; r = 2 starts (and stays) farther than r = 0.5

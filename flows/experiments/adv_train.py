@@ -8,6 +8,7 @@ from __future__ import annotations
 
 
 from core.declare import NetsContract
+from flows import bundle_progress
 from flows.experiments import Experiment, Param, Var, register, timed
 from flows.experiments import lazy_train as lazy
 from flows.bundles import memory_budget
@@ -80,7 +81,8 @@ def run_bundle(cells: list[dict], device: str = "auto") -> list[dict]:
     X, y, Xt, yt, prov = lazy.load_data(cells[0])
     dev = lazy.device_of(device)
     chunk = chunk_for(len(cells), cells[0]["m"], memory_budget(dev.type, 1), 6)  # spec §7: chunk the PGD
-    out = cell_fn.run(cells, X, y, Xt, yt, dev, chunk=min(chunk, 4096))
+    progress = bundle_progress.for_kernel(bundle_progress.current())  # PGD steps of all rounds (issue 30)
+    out = cell_fn.run(cells, X, y, Xt, yt, dev, chunk=min(chunk, 4096), progress=progress)
     return [dict(res, **prov) for res in out]
 
 

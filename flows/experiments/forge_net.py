@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from core.errors import ConfigError
+from flows import bundle_progress
 from flows.experiments import Experiment, Param, Var, register, timed
 from tasks.cells import forge_net as cell_fn
 from tasks.forging.estimators import ESTIMATORS, LEVELLED, REPEATED
@@ -85,13 +86,17 @@ def run_bundle(cells: list[dict], device: str = "auto", inputs=None) -> list[dic
     the trained blocks, ``inputs.extra["forgotten"]`` (E, M) marks the points unlearn forgot."""
     n = inputs
     forgotten = n.extra.get("forgotten")
-    out = []
-    for e, cell in enumerate(cells):
+    fgs = [forgotten[e, :int(n.m[e])] > 0.5 if forgotten is not None else torch.zeros(int(n.m[e]), dtype=torch.bool)
+           for e in range(len(cells))]
+    counts = [int(cell_fn.measured_points(fg, c["points"]).sum()) for fg, c in zip(fgs, cells)]
+    rep, out = bundle_progress.current(), []
+    for e, (cell, fg) in enumerate(zip(cells, fgs)):
         k, d, m = int(n.width[e]), int(n.d[e]), int(n.m[e])
-        fg = forgotten[e, :m] > 0.5 if forgotten is not None else torch.zeros(m, dtype=torch.bool)
         own = {key: cell[key] for key in P}
+        # the bundle's measured points done of all of them (issue 30); a cancel request stops it there
+        progress = bundle_progress.for_kernel(rep, base=sum(counts[:e]), total=sum(counts))
         out.append(cell_fn.measure_net(n.W[e, :k, :d], n.b[e, :k], n.v[e, :k], n.X[e, :m, :d], n.y[e, :m], fg,
-                                       trained_blocks(n, e), own, n.cells[e]))
+                                       trained_blocks(n, e), own, n.cells[e], progress=progress))
     return out
 
 

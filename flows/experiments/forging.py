@@ -16,6 +16,7 @@ d or estimator do not share tensors), so bundles are just lists of cells run one
 
 from __future__ import annotations
 
+from flows import bundle_progress
 from flows.experiments import Experiment, Param, Var, register
 from core.errors import ConfigError
 from tasks.cells.forging import OUTPUTS, cell_cost, forging_cell
@@ -138,8 +139,14 @@ def check(cell: dict) -> None:
 
 
 def run_bundle(cells: list[dict], device: str = "auto") -> list[dict]:
-    """One dict of stored variables per cell (CPU float64; ``device`` is accepted and ignored)."""
-    return [forging_cell(**{k: c[k] for k in P}) for c in cells]
+    """One dict of stored variables per cell (CPU float64; ``device`` is accepted and ignored). The
+    bundle reports its cells done of all (issue 30), and stops at a cell's start on a cancel request."""
+    rep, out = bundle_progress.current(), []
+    for i, c in enumerate(cells):
+        rep(steps=i, total=len(cells))
+        out.append(forging_cell(**{k: c[k] for k in P}))
+    rep(steps=len(cells), total=len(cells))
+    return out
 
 
 EXPERIMENT = register(Experiment(

@@ -20,6 +20,7 @@ import torch
 
 from core.declare import NetsContract
 from core.errors import ConfigError
+from flows import bundle_progress
 from flows.experiments import Experiment, Param, Var, register, timed
 from storage import datasets
 from tasks.cells import lazy_train as cell_fn
@@ -208,7 +209,8 @@ def contract(cell: dict, upstream=None) -> NetsContract:
 @timed
 def run_bundle(cells: list[dict], device: str = "auto") -> list[dict]:
     X, y, Xt, yt, prov = load_data(cells[0])
-    out = cell_fn.run(cells, X, y, Xt, yt, device_of(device))
+    progress = bundle_progress.for_kernel(bundle_progress.current())  # SGD steps of max_steps (issue 30)
+    out = cell_fn.run(cells, X, y, Xt, yt, device_of(device), progress=progress)
     return [dict(res, **prov) for res in out]
 
 

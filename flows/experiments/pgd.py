@@ -18,6 +18,7 @@ import torch
 
 from core.declare import NetsNeeds
 from core.errors import UserError
+from flows import bundle_progress
 from flows.experiments import Experiment, Param, Var, register, by_shape, timed
 from flows.experiments.single_step import attacked_points, extra_dims
 from flows.bundles import memory_budget
@@ -73,7 +74,8 @@ def run_bundle(cells: list[dict], device: str = "auto", inputs=None) -> list[dic
     chunk = cells[0]["chunk"] or chunk_for(len(cells), int(n.W.shape[1]), memory_budget("cpu", 1), PGD_BLOCKS)
     X, y, count, gone = attacked_points(n, cells[0]["points"])
     return cell_fn.attack(n.W, n.b, n.v, X, y, count, R, [dict(c, chunk=chunk) for c in cells],
-                          seeds=[cell_seed(c, up, float(r)) for c, up, r in zip(cells, n.cells, R)], forgotten=gone)
+                          seeds=[cell_seed(c, up, float(r)) for c, up, r in zip(cells, n.cells, R)], forgotten=gone,
+                          progress=bundle_progress.for_kernel(bundle_progress.current()))  # PGD steps (issue 30)
 
 
 def cell_seed(cell: dict, upstream: dict, R: float) -> int:

@@ -13,6 +13,7 @@ and the candidate itself (dims candidate, feature: one chunk per cell).
 from __future__ import annotations
 
 
+from flows import bundle_progress
 from flows.experiments import Experiment, Param, Var, register, by_shape, timed
 from tasks.cells import reconstruct as cell_fn
 from tasks.reconstruct import INITS, OBJECTIVES
@@ -107,7 +108,8 @@ def run_bundle(cells: list[dict], device: str = "auto", inputs=None) -> list[dic
     if dev == "cuda":  # float64 throughout; never TF32 on a side path (X004-3)
         torch.backends.cuda.matmul.allow_tf32 = False
     return cell_fn.run(n.W, n.b, n.v, n.X, n.y, n.mask, n.d, n.m, n.width, cells, device=dev, blocks=n.trained(),
-                       forgotten=n.forgotten())
+                       forgotten=n.forgotten(),
+                       progress=bundle_progress.for_kernel(bundle_progress.current()))  # attack steps, objective
 
 
 EXPERIMENT = register(Experiment(

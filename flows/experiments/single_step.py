@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from core.declare import NetsNeeds
+from flows import bundle_progress
 from flows.experiments import Experiment, Param, Var, register, by_shape, timed
 from flows.bundles import memory_budget
 from tasks.attacks import STEP_ATTACKS, chunk_for
@@ -60,7 +61,7 @@ def run_bundle(cells: list[dict], device: str = "auto", inputs=None) -> list[dic
     X, y, count, gone = attacked_points(n, cells[0]["points"])
     return cell_fn.attack(n.W, n.b, n.v, ex.get("W0"), ex.get("b0"), X, y, count, V_nom, cells,
                           cells[0]["chunk"] or chunk_for(len(cells), int(n.W.shape[1]), memory_budget("cpu", 1)),
-                          forgotten=gone)
+                          forgotten=gone, progress=bundle_progress.for_kernel(bundle_progress.current()))
 
 
 def attacked_points(n, points: str):

@@ -12,11 +12,13 @@ reads both. Declaration and wiring only; the maths is ``tasks/cells/train_kkt.py
 
 from __future__ import annotations
 
+import math
 
 import torch
 
 from core.declare import NetsContract
 from core.errors import ConfigError
+from flows import bundle_progress
 from flows.experiments import Experiment, Param, Var, register, timed
 from flows.experiments import nonrobust
 from flows.experiments import train as train_exp
@@ -90,7 +92,10 @@ def run_bundle(cells: list[dict], device: str = "auto") -> list[dict]:
     dev = nonrobust.resolve_device(device)
     if dev.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False
-    return cell_fn.train_cells(cells, dev)
+    # epochs done and the worst net's loss vs Thm 2.1's log(2)/m (``first_below``'s mark), issue 30
+    target = math.log10(math.log(2) / max(c["m"] for c in cells))
+    progress = bundle_progress.for_kernel(bundle_progress.current(), target=target)
+    return cell_fn.train_cells(cells, dev, progress=progress)
 
 
 def contract(cell: dict, upstream=None) -> NetsContract:

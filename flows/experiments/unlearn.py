@@ -26,6 +26,7 @@ from __future__ import annotations
 
 
 from core.declare import NetsContract, NetsNeeds
+from flows import bundle_progress
 from flows.experiments import Experiment, Param, Var, register, by_shape, timed
 from flows.experiments import train as train_exp
 from tasks.cells import unlearn as cell_fn
@@ -147,7 +148,8 @@ def run_bundle(cells: list[dict], device: str = "auto", inputs=None) -> list[dic
     n = inputs
     keys = [repr(sorted(c.items())) for c in n.cells]
     return cell_fn.unlearn(n.W, n.b, n.v, n.X, n.y, n.mask, n.d, n.m, n.width, n.rng_state, keys, cells,
-                           train_bias=n.trained()[:, 1] if n.contracts else n.b.abs().amax(-1) > 0)
+                           train_bias=n.trained()[:, 1] if n.contracts else n.b.abs().amax(-1) > 0,
+                           progress=bundle_progress.for_kernel(bundle_progress.current()))  # retraining epochs
 
 
 def contract(cell: dict, upstream: NetsContract | None) -> NetsContract:

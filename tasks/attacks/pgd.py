@@ -46,12 +46,14 @@ def random_in_ball(shape: tuple[int, int, int], R: torch.Tensor, generators: lis
 def pgd_l2(net: TwoLayer, X: torch.Tensor, y: torch.Tensor, R: torch.Tensor, *, steps: int = 100,
            alpha: torch.Tensor | None = None, random_start: bool = False,
            generators: list[torch.Generator] | None = None, clip: tuple[float, float] | None = None,
-           chunk: int = 4096, step: str = "normalised") -> PGDResult:
+           chunk: int = 4096, step: str = "normalised", progress=None) -> PGDResult:
     """PGD-l2 against E stacked nets. X (E,n,d) or (n,d) (shared), y (E,n) or (n,) in {-1,+1},
     R (E,) budgets (>= 0), ``alpha`` (E,) step lengths (default ``2.5 R/steps``, spec 003 §2.8);
     ``clip`` an optional box (e.g. (0,1)) applied after each projection. Chunked over examples
     (``chunk`` rows at a time) so the (E, chunk, m) pre-activation block bounds memory. ``step``:
-    ``normalised`` (default, ``α v/||v||``) or ``raw`` (``α ∇_x ℓ``, spec 003 X5)."""
+    ``normalised`` (default, ``α v/||v||``) or ``raw`` (``α ∇_x ℓ``, spec 003 X5). ``progress``
+    (optional): called as ``progress(done, of)`` before each step of each chunk and at a chunk's end
+    (``of`` = steps × chunks; no device read)."""
     if step not in PGD_STEPS:
         raise ValueError(f"PGD step {step!r}: allowed {', '.join(PGD_STEPS)}")
     E = net.E
@@ -68,11 +70,14 @@ def pgd_l2(net: TwoLayer, X: torch.Tensor, y: torch.Tensor, R: torch.Tensor, *, 
         if generators is None:
             raise ValueError("random_start needs one generator per model")
         starts = random_in_ball(tuple(X.shape), R, generators, X.dtype).to(X.device)
+    n_chunks = -(-X.shape[1] // chunk)
     for lo in range(0, X.shape[1], chunk):
         x0, yc = X[:, lo:lo + chunk], y[:, lo:lo + chunk]
         xa = x0 + starts[:, lo:lo + chunk] if random_start else x0.clone()
         ok = yc * net(xa) > 0
-        for _ in range(steps):
+        for s in range(steps):
+            if progress is not None:
+                progress(lo // chunk * steps + s, n_chunks * steps)
             f, g = input_grad(net, xa)
             ok &= yc * f > 0
             if step == "raw":  # ∇_x ℓ(y f) = ℓ'(y f) y ∇_x f
@@ -84,6 +89,8 @@ def pgd_l2(net: TwoLayer, X: torch.Tensor, y: torch.Tensor, R: torch.Tensor, *, 
             xa = project_rows(xa, x0, R)
             if clip is not None:
                 xa = xa.clamp(*clip)
+        if progress is not None:
+            progress((lo // chunk + 1) * steps, n_chunks * steps)
         f = net(xa)
         r = yc * f > 0
         outs.append(xa)

@@ -80,27 +80,34 @@ def chunk_for(E: int, m: int, budget_bytes: float, blocks: int = BLOCKS) -> int:
     return max(1, int(budget_bytes // (8 * blocks * max(E, 1) * max(m, 1))))
 
 
-def single_step_exact(net: TwoLayer, X: torch.Tensor, *, chunk: int = 512) -> StepResult:
+def single_step_exact(net: TwoLayer, X: torch.Tensor, *, chunk: int = 512, progress=None) -> StepResult:
     """The exact minimal flipping step for every example of X (E,n,d) against E nets (spec 003 §2.7).
-    ``chunk`` examples at a time bound the (E, chunk, m) blocks (about 8 float64/int64 of them)."""
+    ``chunk`` examples at a time bound the (E, chunk, m) blocks (about 8 float64/int64 of them).
+    ``progress`` (optional): called as ``progress(examples done, n)`` before each chunk and at the end."""
     outs = []
     for lo in range(0, X.shape[1], chunk):
+        if progress is not None:
+            progress(lo, X.shape[1])
         x = X[:, lo:lo + chunk]
         f, g, s, gn, t_lin = _direction(net, x)
         u = -s.unsqueeze(-1) * g
         p = net.pre(x)
         q = torch.bmm(u, net.W.transpose(1, 2))
         outs.append((f, gn, exact_roots(p, q, net.v, s).to(X.dtype), t_lin))
+    if progress is not None:
+        progress(X.shape[1], X.shape[1])
     return StepResult(*(torch.cat(z, 1) for z in zip(*outs)))
 
 
 def single_step_bisect(net: TwoLayer, X: torch.Tensor, *, iters: int = 60, max_doublings: int = 60,
-                       chunk: int = 512) -> StepResult:
+                       chunk: int = 512, progress=None) -> StepResult:
     """Oracle for :func:`single_step_exact` (spec 003 §2.7 "Fallback / test oracle"): bracket
     ``t_hi = 2^j t_lin`` until ``sign(f) h(t_hi) <= 0``, then bisect ``iters`` times; returns the
-    upper end (a flipping step). Vectorised over all (E, n)."""
+    upper end (a flipping step). Vectorised over all (E, n). ``progress`` as in :func:`single_step_exact`."""
     outs = []
     for lo in range(0, X.shape[1], chunk):
+        if progress is not None:
+            progress(lo, X.shape[1])
         x = X[:, lo:lo + chunk]
         f, g, s, gn, t_lin = _direction(net, x)
         u = -s.unsqueeze(-1) * g
@@ -119,4 +126,6 @@ def single_step_bisect(net: TwoLayer, X: torch.Tensor, *, iters: int = 60, max_d
             hi, a = torch.where(fm, mid, hi), torch.where(fm, a, mid)
         t = torch.where(ok, hi, torch.full_like(hi, float("inf")))
         outs.append((f, gn, torch.where(s == 0, torch.zeros_like(t), t), t_lin))
+    if progress is not None:
+        progress(X.shape[1], X.shape[1])
     return StepResult(*(torch.cat(z, 1) for z in zip(*outs)))

@@ -26,9 +26,10 @@ def train_status(best_epoch: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
 
 
 def run(cells: list[dict], X: torch.Tensor, y: torch.Tensor, Xt: torch.Tensor, yt: torch.Tensor,
-        device: torch.device, chunk: int = 4096) -> list[dict]:
+        device: torch.device, chunk: int = 4096, progress=None) -> list[dict]:
     """X (n,d), y (n), Xt, yt float64 prepared rows; cells share (data, variant, d, m, T1_max, ...);
-    ``chunk`` training points per PGD chunk."""
+    ``chunk`` training points per PGD chunk; ``progress`` the optional ``progress(done, of)`` of
+    :func:`tasks.train.projected_adv_train`."""
     c0 = cells[0]
     dtype = getattr(torch, c0["dtype"])
     d, m = c0["d"], c0["m"]
@@ -40,7 +41,7 @@ def run(cells: list[dict], X: torch.Tensor, y: torch.Tensor, Xt: torch.Tensor, y
                                T1_max=c0["T1_max"], T2=c0["T2_train"] or c0["T2"], beta=c0["beta"],
                                batch_size=c0["batch_size"], reduction=c0["reduction"], projection=c0["projection"],
                                patience=c0["patience"], chunk=chunk,
-                               pgd_step=c0.get("pgd_step", "normalised"))
+                               pgd_step=c0.get("pgd_step", "normalised"), progress=progress)
     cpu = lambda t: t.detach().to("cpu", torch.float64)  # noqa: E731
     W0, v, b0, U = cpu(W0), cpu(v), cpu(b0), cpu(run_.U)
     net = TwoLayer(W0 + U, b0, v)

@@ -27,7 +27,7 @@ from tasks.forging.exact import log_ball_volume
 from tasks.forging.problems import ForgingProblem, _ball_points
 from tasks.nets.losses import log_loss_terms
 
-__all__ = ["BLOCKS", "grad_factors", "loss_grad", "forging_problem", "measure_net", "STATUS"]
+__all__ = ["BLOCKS", "grad_factors", "loss_grad", "forging_problem", "measure_net", "measured_points", "STATUS"]
 
 BLOCKS = ("W", "b", "v")
 # per point: 0 ok, 2 estimator stalled (eps below the mismatch's minimum on B_R, e.g. x_i outside it),
@@ -94,21 +94,31 @@ def point_generator(seed: int, own: dict, upstream: dict, i: int) -> torch.Gener
     return torch.Generator().manual_seed(int(hashlib.sha256(key.encode()).hexdigest()[:15], 16))
 
 
-def measure_net(W, b, v, X, y, forgotten, trained, own: dict, upstream: dict) -> dict:
+def measured_points(forgotten: torch.Tensor, points: int) -> torch.Tensor:
+    """(m,) bool: the training points a cell measures, the first ``points`` (-1: all) and every forgotten one."""
+    m = forgotten.shape[0]
+    return forgotten | (torch.arange(m) < (m if points < 0 else points))
+
+
+def measure_net(W, b, v, X, y, forgotten, trained, own: dict, upstream: dict, progress=None) -> dict:
     """One cell: the forging log-volume of the measured training points of one net (its own sizes:
     W (k, d), b, v (k), X (m, d), y (m); ``forgotten`` (m,) bool). Measured: the first ``points``
     (-1: all) and every forgotten point. Per point (m,): logvol, logvol_stderr (the estimator's
     stated standard error of the log), log_grad_norm, point_status (NaN where not measured); per cell
-    the means over finite logvol of forgotten / retained measured points (NaN when none)."""
+    the means over finite logvol of forgotten / retained measured points (NaN when none).
+    ``progress`` (optional): called as ``progress(points done, points measured)`` before each point and
+    at the end."""
     m = X.shape[0]
-    p = own["points"]
-    measured = forgotten | (torch.arange(m) < (m if p < 0 else p))
+    measured = measured_points(forgotten, own["points"])
     R = float(own["R"]) or float(X.norm(dim=1).max())
     nan = torch.full((m,), math.nan, dtype=torch.float64)
     logvol, stderr, lgn, status = nan.clone(), nan.clone(), nan.clone(), nan.clone()
     evals = 0
     sizes = dict(n_samples=own["n_samples"], n_repeats=own["n_repeats"], n_importance=own["n_importance"])
-    for i in measured.nonzero().flatten().tolist():
+    todo = measured.nonzero().flatten().tolist()
+    for k, i in enumerate(todo):
+        if progress is not None:
+            progress(k, len(todo))
         problem, lgn[i] = forging_problem(W, b, v, X[i], y[i], trained, own["loss"], R)
         if not math.isfinite(lgn[i]):
             status[i] = STATUS["zero_grad"]
@@ -120,6 +130,8 @@ def measure_net(W, b, v, X, y, forgotten, trained, own: dict, upstream: dict) ->
             STATUS["unreliable"] if not est.extra.get("reliable", True) else STATUS["ok"]
         if status[i] == STATUS["ok"]:
             logvol[i], stderr[i] = est.log_volume, est.log_volume_stderr
+    if progress is not None:
+        progress(len(todo), len(todo))
 
     def mean(sel: torch.Tensor) -> float:
         vals = logvol[sel & measured & torch.isfinite(logvol)]

@@ -47,9 +47,10 @@ def init_stack(seeds: list[int], d: int, m: int, bias: bool, dtype, device):
 
 
 def run(cells: list[dict], X: torch.Tensor, y: torch.Tensor, Xt: torch.Tensor, yt: torch.Tensor,
-        device: torch.device) -> list[dict]:
+        device: torch.device, progress=None) -> list[dict]:
     """X (n,d), y (n), Xt (nt,d), yt (nt) float64 (prepared); every cell shares the bundle's
-    (data, variant, d, m, lr, batch_size, max_steps); cells differ in seed and C0."""
+    (data, variant, d, m, lr, batch_size, max_steps); cells differ in seed and C0. ``progress``: the
+    optional ``progress(done, of, loss)`` of :func:`tasks.train.lazy_sgd`."""
     c0 = cells[0]
     dtype = getattr(torch, c0["dtype"])
     d, m = c0["d"], c0["m"]
@@ -60,7 +61,7 @@ def run(cells: list[dict], X: torch.Tensor, y: torch.Tensor, Xt: torch.Tensor, y
     W0, v, b0, gens = init_stack(seeds, d, m, bias, dtype, device)
     run_ = lazy_sgd(W0, v, b0, X.to(device, dtype), y.to(device, dtype), C0s if exit_rule else [math.inf], gens, lr=c0["lr"],
                     batch_size=c0["batch_size"], max_steps=c0["max_steps"], train_bias=bias,
-                    reduction=c0["reduction"])
+                    reduction=c0["reduction"], progress=progress)
     cpu = lambda t: t.detach().to("cpu", torch.float64)  # noqa: E731
     W0, v, U, B = cpu(W0), cpu(v), cpu(run_.U), cpu(run_.b)
     out = []

@@ -11,10 +11,11 @@ from tasks.nets import TwoLayer
 
 
 def attack(W, b, v, Xt, yt, n_test, R, cells: list[dict], seeds: list[int],
-           forgotten: torch.Tensor | None = None) -> list[dict]:
+           forgotten: torch.Tensor | None = None, progress=None) -> list[dict]:
     """W (E,m,d), b, v (E,m), Xt (E,nt,d), yt (E,nt), n_test (E,), R (E,) budgets (float64);
     ``seeds`` (E,) each net's random-start seed (per cell, never its place in the bundle);
-    ``forgotten`` (E,nt) bool: points an upstream unlearn stage forgot (robust accuracy apart)."""
+    ``forgotten`` (E,nt) bool: points an upstream unlearn stage forgot (robust accuracy apart);
+    ``progress`` (optional): ``progress(done, of)`` in PGD steps of all restarts (``pgd_l2``'s)."""
     c = cells[0]
     net = TwoLayer(W, b, v)
     E, nt, _ = Xt.shape
@@ -25,9 +26,10 @@ def attack(W, b, v, Xt, yt, n_test, R, cells: list[dict], seeds: list[int],
     clip = (0.0, 1.0) if c["clip"] == "unit_box" else None
     gens = [torch.Generator().manual_seed(int(s)) for s in seeds]
     for r in range(c["restarts"]):
+        inner = None if progress is None else (lambda done, of, r=r: progress(r * of + done, c["restarts"] * of))
         res = pgd_l2(net, Xt, yt, R, steps=c["T2"], alpha=c["alpha_factor"] * R / c["T2"],
                      random_start=c["random_start"] or r > 0, generators=gens, clip=clip, chunk=c["chunk"],
-                     step=c.get("pgd_step", "normalised"))
+                     step=c.get("pgd_step", "normalised"), progress=inner)
         robust &= res.robust
         strict &= res.robust_strict
         dist = torch.maximum(dist, (res.x_adv - Xt).norm(dim=-1))

@@ -35,13 +35,14 @@ def check_shapes(W, b, v, X, y, d, m, width) -> None:
 
 
 def run(W, b, v, X, y, mask, d, m, width, cells: list[dict], device: str = "cpu", blocks=None,
-        forgotten=None) -> list[dict]:
+        forgotten=None, progress=None) -> list[dict]:
     """W (E,k,d), b, v (E,k), X (E,m,d), y (E,m), mask (E,m), d, m, width (E,) as ``storage.nets.Nets``
     holds them (float64, zero padded); ``cells`` the rows' parameters (one init, objective,
     candidate count, step count and box flag per bundle). The inits are drawn on the CPU, the attack
     runs on ``device`` in float64. ``blocks`` (E,3) bool: which of W, b, v each net trained (the
     nets contract; stationarity over those only); ``forgotten`` (E,m) bool: the training points an
-    upstream unlearn stage removed (recovery of forgotten and retained points apart). Returns one
+    upstream unlearn stage removed (recovery of forgotten and retained points apart); ``progress`` the
+    optional ``progress(done, of, loss)`` of :func:`tasks.reconstruct.attack.optimise`. Returns one
     dict of numbers per cell."""
     check_shapes(W, b, v, X, y, d, m, width)
     W, b, v, X, y, mask, d = (t.to(device) for t in (W, b, v, X, y, mask, d))
@@ -64,7 +65,7 @@ def run(W, b, v, X, y, mask, d, m, width, cells: list[dict], device: str = "cpu"
     lam_min = dev_t("lam_min")
     res = atk.optimise(W, b_att, v, x0, lam0, yc, lr_x=dev_t("lr_x"), lr_lam=dev_t("lr_lam"), alpha=alpha,
                        lam_min=lam_min, steps=c0["steps"], objective_name=c0["objective"], box=c0["box"],
-                       feature_mask=fmask, n_trace=N_TRACE, blocks=blocks)
+                       feature_mask=fmask, n_trace=N_TRACE, blocks=blocks, progress=progress)
     bw = blocks.to(W.dtype)  # ||theta||^2 over the trained blocks
     theta2 = bw[:, 0] * W.pow(2).sum((1, 2)) + bw[:, 1] * b_att.pow(2).sum(1) + bw[:, 2] * v.pow(2).sum(1)
     scale = objective.SCALES[c0["objective"]](l)

@@ -28,12 +28,13 @@ def _median(t: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def attack(W, b, v, W0, b0, Xt, yt, n_test, V_nominal, cells: list[dict], chunk: int,
-           forgotten: torch.Tensor | None = None) -> list[dict]:
+           forgotten: torch.Tensor | None = None, progress=None) -> list[dict]:
     """W (E,m,d), b, v (E,m), Xt (E,nt,d), yt (E,nt) float64 as stored; ``n_test`` (E,) real
     points attacked (a test set, or the training set); ``V_nominal`` (E,) the lazy radius C0/√m of
     each net (for ``n_margin_V``). The "at init" diagnostics (f0, gnorm0, n_flip_W, n_margin_V) are
     on the init net (W0, b0), spec 003 §2.11; W0 None (nets that store no init): NaN.
-    ``forgotten`` (E,nt) bool: the points an upstream unlearn stage forgot (medians apart)."""
+    ``forgotten`` (E,nt) bool: the points an upstream unlearn stage forgot (medians apart).
+    ``progress`` (optional): ``progress(done, of)`` in attacked points of the step search."""
     no_init = W0 is None
     if no_init:
         W0, b0 = torch.zeros_like(W), torch.zeros_like(b)
@@ -41,7 +42,7 @@ def attack(W, b, v, W0, b0, Xt, yt, n_test, V_nominal, cells: list[dict], chunk:
     E, nt, _ = Xt.shape
     mask = torch.arange(nt)[None, :] < n_test[:, None]
     method = STEP_ATTACKS[cells[0]["method"]]
-    r = method(net, Xt, chunk=chunk)
+    r = method(net, Xt, chunk=chunk, progress=progress)
     s = torch.sign(r.f)
     f0, g0 = input_grad(net0, Xt)
     _, g = input_grad(net, Xt)

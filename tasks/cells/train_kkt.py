@@ -67,15 +67,16 @@ def build(cells: list[dict]):
     return W0, u, X, y, mask, states
 
 
-def train_cells(cells: list[dict], device: torch.device | str = "cpu") -> list[dict]:
+def train_cells(cells: list[dict], device: torch.device | str = "cpu", progress=None) -> list[dict]:
     """Train the bundle (one schedule per bundle) on ``device`` in float64 and pack each cell at its
-    true sizes (CPU tensors)."""
+    true sizes (CPU tensors); ``progress`` the optional ``progress(done, of, loss)`` of
+    :func:`tasks.train.fixed_output.train_fixed_output`."""
     c0 = cells[0]
     linear = c0["model"] == "linear"
     W0, u, X, y, mask, states = build(cells)
     dv = lambda t: t.to(device)  # noqa: E731
     run = train_fixed_output(dv(W0), None if linear else dv(u), dv(X), dv(y), dv(mask), lr=c0["lr"], wd=c0["wd"],
-                             epochs=c0["epochs"], loss=c0["loss"])
+                             epochs=c0["epochs"], loss=c0["loss"], progress=progress)
     run.W, run.q_min, run.log_loss = run.W.cpu(), run.q_min.cpu(), run.log_loss.cpu()
     q = y * (X @ run.W.transpose(-1, -2))[..., 0] if linear else y * (torch.relu(X @ run.W.transpose(-1, -2))
                                                                          * u.unsqueeze(1)).sum(-1)

@@ -67,12 +67,15 @@ class AttackResult:
 
 
 def optimise(W, b, v, x0, lam0, yc, *, lr_x, lr_lam, alpha, lam_min, steps: int, objective_name: str = "haim",
-           box: bool = False, momentum: float = 0.9, feature_mask=None, n_trace: int = 11, blocks=None) -> AttackResult:
+           box: bool = False, momentum: float = 0.9, feature_mask=None, n_trace: int = 11, blocks=None,
+           progress=None) -> AttackResult:
     """Run ``steps`` SGD-momentum steps on every row. W (B,k,d), b, v (B,k) the attacked nets (float64),
     x0 (B,l,d), lam0 (B,l) the inits, yc (B,l) the fixed labels; lr_x, lr_lam, lam_min (B,) tensors;
     alpha (B,) the surrogate slope (None: exact step derivative, X004-2); feature_mask (B,d) zero past
     a row's true d (the gradient there is masked so padding stays zero); blocks (B,3) bool the trained
-    blocks W, b, v of each row's net (None: all)."""
+    blocks W, b, v of each row's net (None: all). ``progress`` (optional): called as ``progress(steps
+    done, steps, loss)`` at every step (no device read); ``loss()`` gives the log of the worst finite
+    row's objective (a device read: the caller calls it only when it wants it)."""
     x, lam = x0.clone(), lam0.clone()
     bx, bl = torch.zeros_like(x), torch.zeros_like(lam)
     fm = torch.ones(x.shape[0], x.shape[2], dtype=x.dtype, device=x.device) if feature_mask is None else feature_mask
@@ -88,6 +91,8 @@ def optimise(W, b, v, x0, lam0, yc, *, lr_x, lr_lam, alpha, lam_min, steps: int,
                         feature_mask=fm, blocks=blocks)
         if step in at:
             trace[:, at[step]] = obj.detach()
+        if progress is not None:
+            progress(step, steps, lambda o=obj.detach(): _log_worst(o))
         if step == steps:
             break
         gx, gl = torch.autograd.grad(obj.sum(), (x, lam))
@@ -103,3 +108,10 @@ def optimise(W, b, v, x0, lam0, yc, *, lr_x, lr_lam, alpha, lam_min, steps: int,
     obj = obj.detach()
     status = torch.where(live & torch.isfinite(obj), DONE, DIVERGED).to(torch.int8)
     return AttackResult(x.detach(), lam.detach(), obj, trace, status)
+
+
+def _log_worst(obj: torch.Tensor) -> float:
+    """log of the largest finite objective of the stack (NaN if none)."""
+    fin = obj[torch.isfinite(obj)]
+    top = float(fin.max()) if fin.numel() else 0.0
+    return math.log(top) if top > 0 else math.nan

@@ -42,10 +42,15 @@ def _margins(W, u, X, y):
 
 
 def train_fixed_output(W0: torch.Tensor, u: torch.Tensor | None, X: torch.Tensor, y: torch.Tensor,
-                       mask: torch.Tensor, *, lr: float, wd: float, epochs: int, loss: str = "logistic"
-                       ) -> FixedOutputRun:
+                       mask: torch.Tensor, *, lr: float, wd: float, epochs: int, loss: str = "logistic",
+                       progress=None) -> FixedOutputRun:
     """Train every net of the stack for ``epochs`` full-batch steps on its ``mask``ed points
-    (E,m). Padded samples and zero-padded features/neurons stay exact zeros of the gradient."""
+    (E,m). Padded samples and zero-padded features/neurons stay exact zeros of the gradient.
+
+    ``progress`` (optional): called as ``progress(epochs done, epochs, loss)`` every 100 epochs (where
+    the Thm 2.1 check runs; the host never waits for the device there) and at the end; ``loss()``
+    gives the natural log of the worst net's mean loss (a device read: the caller calls it only
+    when it wants it)."""
     W = W0.clone()
     n_pts = mask.sum(-1).clamp_min(1).to(W.dtype)
     first = torch.full((W.shape[0],), -1, dtype=torch.int64, device=W.device)
@@ -53,8 +58,11 @@ def train_fixed_output(W0: torch.Tensor, u: torch.Tensor | None, X: torch.Tensor
         q, Z = _margins(W, u, X, y)
         log_dl = log_loss_terms(q, loss)[1]
         if t % 100 == 0 or t == epochs - 1:
-            below = (mean_log_loss(q, mask, loss) < torch.log(math.log(2) / n_pts)) & (first < 0)
+            log_l = mean_log_loss(q, mask, loss)
+            below = (log_l < torch.log(math.log(2) / n_pts)) & (first < 0)
             first = torch.where(below, torch.full_like(first, t), first)
+            if progress is not None:
+                progress(t, epochs, lambda log_l=log_l: worst(log_l))
         coef = (torch.exp(log_dl) * y * mask).masked_fill(~mask, 0) / n_pts.unsqueeze(-1)  # |ℓ'| y_i / m
         if u is None:
             grad = -(coef.unsqueeze(-1) * X).sum(-2, keepdim=True)
@@ -63,5 +71,13 @@ def train_fixed_output(W0: torch.Tensor, u: torch.Tensor | None, X: torch.Tensor
             grad = -(G.transpose(-1, -2) @ X)
         W = W - lr * (grad + wd * W)
     q, _ = _margins(W, u, X, y)
-    return FixedOutputRun(W=W, log_loss=mean_log_loss(q, mask, loss),
-                          q_min=q.masked_fill(~mask, math.inf).amin(-1), first_below=first)
+    log_l = mean_log_loss(q, mask, loss)
+    if progress is not None:
+        progress(epochs, epochs, lambda: worst(log_l))
+    return FixedOutputRun(W=W, log_loss=log_l, q_min=q.masked_fill(~mask, math.inf).amin(-1), first_below=first)
+
+
+def worst(log_loss: torch.Tensor) -> float:
+    """The largest finite entry (the worst net's log loss), NaN if none (a device read)."""
+    fin = log_loss[torch.isfinite(log_loss)]
+    return float(fin.max()) if fin.numel() else math.nan

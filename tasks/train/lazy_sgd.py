@@ -32,7 +32,7 @@ class LazyRun:
 
 def lazy_sgd(W0: torch.Tensor, v: torch.Tensor, b0: torch.Tensor, X: torch.Tensor, y: torch.Tensor,
              C0s: list[float], generators: list[torch.Generator], *, lr: float = 0.1, batch_size: int = 64,
-             max_steps: int = 200_000, train_bias: bool = True, reduction: str = "mean") -> LazyRun:
+             max_steps: int = 200_000, train_bias: bool = True, reduction: str = "mean", progress=None) -> LazyRun:
     """Train E nets W = W0 + U from U = 0 (spec 003 §2.6 pseudo-code).
 
     W0 (E,m,d), v (E,m) = a/√m fixed, b0 (E,m) (zeros and ``train_bias=False`` for the bias-free
@@ -42,6 +42,10 @@ def lazy_sgd(W0: torch.Tensor, v: torch.Tensor, b0: torch.Tensor, X: torch.Tenso
     ``√m ||U_new||_{2,∞} > C0_j`` the current (inside) iterate is the snapshot for C0_j. A model
     stops updating once every radius has its snapshot; the loop stops when all have. Pre-activations
     are ``X W0^T + X U^T + b``, so U stays out of the rounding noise of W0 (spec 003 §2.2).
+
+    ``progress`` (optional): called as ``progress(steps done, max_steps, loss)`` after every step (the
+    host reads the exit test there anyway); ``loss()`` gives the natural log of the worst model's
+    minibatch loss (a device read: the caller calls it only when it wants it).
     """
     E, m, d = W0.shape
     n, B = X.shape[0], batch_size
@@ -76,6 +80,8 @@ def lazy_sgd(W0: torch.Tensor, v: torch.Tensor, b0: torch.Tensor, X: torch.Tenso
             steps = torch.where(new.cpu(), torch.full_like(steps, t), steps)
             taken |= new
         live = ~taken.all(1)
+        if progress is not None:
+            progress(t + 1, max_steps, lambda f=f, yb=yb: float(torch.log(mean_logistic_loss(f, yb).max())))
         if not bool(live.any()):
             break
         U = torch.where(live[:, None, None], U_new, U)

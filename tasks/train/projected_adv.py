@@ -36,7 +36,8 @@ class AdvRun:
 def projected_adv_train(W0: torch.Tensor, v: torch.Tensor, b: torch.Tensor, X: torch.Tensor, y: torch.Tensor,
                         V: torch.Tensor, R: torch.Tensor, generators: list[torch.Generator], *, T1_max: int = 50,
                         T2: int = 100, beta: float = 0.01, batch_size: int = 64, reduction: str = "sum",
-                        projection: str = "step", patience: int = 1, chunk: int = 4096, pgd_step: str = "normalised") -> AdvRun:
+                        projection: str = "step", patience: int = 1, chunk: int = 4096, pgd_step: str = "normalised",
+                        progress=None) -> AdvRun:
     """W0 (E,m,d), v (E,m) = a/√m, b (E,m) fixed (zeros: §5.2 has no bias), X (n,d), y (n); V, R (E,).
 
     Round t: PGD-``T2`` (step ``2.5R/T2``) on all training points against ``W_{t-1}``, its robust
@@ -44,7 +45,9 @@ def projected_adv_train(W0: torch.Tensor, v: torch.Tensor, b: torch.Tensor, X: t
     otherwise one epoch of floor(n/B) minibatches of a fresh shuffle of (X_adv, y), step ``beta`` on
     the ``sum`` (Alg. 1 line 9 as printed) or ``mean`` loss, projection after each step
     (``step``, §5.2 text) or once per epoch (``epoch``, line 11); ``pgd_step`` normalised (spec §6 #15)
-    or raw (line 4 as printed, X5)."""
+    or raw (line 4 as printed, X5). ``progress`` (optional): called as ``progress(done, of)`` in PGD
+    steps of all ``T1_max`` rounds' (each round's PGD steps × chunks), within each round's PGD and
+    after its epoch (no device read; a patience stop ends it early)."""
     if projection not in ("step", "epoch"):
         raise ValueError(f"projection {projection!r}: allowed step, epoch")
     E, _, d = W0.shape
@@ -60,9 +63,11 @@ def projected_adv_train(W0: torch.Tensor, v: torch.Tensor, b: torch.Tensor, X: t
     stop = torch.zeros(E, dtype=torch.bool, device=W0.device)
     bad = torch.zeros(E, dtype=torch.long, device=W0.device)
     prev = None
+    K = T2 * -(-n // chunk)  # PGD steps of one round (tasks.attacks.pgd: steps × chunks)
     for t in range(T1_max):
         net = TwoLayer(W0 + U, b, v)
-        adv = pgd_l2(net, X, y, R, steps=T2, chunk=chunk, step=pgd_step)
+        inner = None if progress is None else (lambda done, of, t=t: progress(t * K + done, T1_max * K))
+        adv = pgd_l2(net, X, y, R, steps=T2, chunk=chunk, step=pgd_step, progress=inner)
         rta = adv.robust.to(W0.dtype).mean(1)  # robust train accuracy of W_{t-1}
         hist[:, t] = torch.where(stop, torch.full_like(rta, float("nan")), rta).cpu()
         better = (rta > best) & ~stop
@@ -90,6 +95,8 @@ def projected_adv_train(W0: torch.Tensor, v: torch.Tensor, b: torch.Tensor, X: t
             U = torch.where(stop[:, None, None], U, U_new)
         if projection == "epoch":
             U = project_ball(U, V)
+        if progress is not None:
+            progress((t + 1) * K, T1_max * K)
     return AdvRun(bestU, best, best_epoch, epochs, hist)
 
 
