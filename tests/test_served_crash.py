@@ -1,6 +1,7 @@
 """Issue 30 item 1: a flow run whose worker died is marked Crashed by Prefect's own mechanism (flow-run
 heartbeats and the automation ``kktlab deploy`` makes: deploy/prefect_deploy.py), within a bound,
-with a message saying how to resume; a real server, process worker and submit on 127.0.0.1."""
+with a message saying how to resume; a real server, process worker and submit on 127.0.0.1. The same
+``kktlab submit`` then resumes the store, and every stored value equals a clean run's of the same config."""
 
 from __future__ import annotations
 
@@ -8,12 +9,13 @@ import os
 import subprocess
 import time
 
+import numpy as np
 import psutil
 import pytest
 
 from deploy import launch
 
-pytestmark = pytest.mark.requires_services
+pytestmark = [pytest.mark.requires_services, pytest.mark.slow]
 
 SLOW = {"experiment": "nonrobust", "name": "zombie", "grid": {"seed": list(range(6))},
         "params": {"d": 16, "width": 48, "target_loss": 1.0e-20}, "runner": {"workers": 1, "bundle_size": 1}}
@@ -39,18 +41,60 @@ def _wait(env, run_id: str, names: set, timeout: float):
     return _state(env, run_id)
 
 
-def test_a_run_whose_worker_died_is_marked_crashed(cli, tmp_path, write_config):
+def _values(store) -> dict:
+    """Every stored variable of the store's one group, timings (``wall_s``) left out."""
+    from storage import schema
+    from storage.query import open_results
+
+    ds = open_results(store).load()
+    return {v: ds[v].values for v in ds.data_vars if v not in schema.NOT_HASHED}
+
+
+def _mismatches(a: dict, b: dict) -> dict:
+    """tests/test_bundle_invariance.py's rule: integers exactly, floats to 1e-12 (relative above 1,
+    absolute below), NaN equal to NaN; ``cell_hash`` (a hash of the others' bits) is reported apart."""
+    out = {}
+    for name in sorted(set(a) | set(b)):
+        if name not in a or name not in b:
+            out[name] = "missing"
+            continue
+        x, y = np.asarray(a[name]), np.asarray(b[name])
+        if x.shape != y.shape or x.dtype != y.dtype:
+            out[name] = f"shape/dtype {x.shape} {x.dtype} vs {y.shape} {y.dtype}"
+        elif x.dtype.kind in "iub":
+            if not np.array_equal(x, y) and name != "cell_hash":
+                out[name] = f"{x} vs {y}"
+        else:
+            same = (x == y) | (np.isnan(x) & np.isnan(y))
+            with np.errstate(invalid="ignore"):
+                err = np.where(same, 0.0, np.abs(x - y) / np.maximum(1.0, np.abs(x)))
+            if not (err <= 1e-12).all():
+                out[name] = f"{x} vs {y}"
+    return out
+
+
+def _done(store) -> int:
+    from storage.query import status
+
+    try:
+        return sum(r["done"] for r in status(store))
+    except Exception:  # noqa: BLE001 - not created yet
+        return 0
+
+
+def test_a_run_whose_worker_died_is_marked_crashed_and_resumes(cli, tmp_path, write_config):
     port = launch.free_port()
     server, env = launch.prefect_server(tmp_path / "prefect-home", port, tmp_path / "server.log")
     env = dict(env, PREFECT_FLOWS_HEARTBEAT_FREQUENCY=str(HEARTBEAT_S))
-    worker = None
+    worker = clean = None
     try:
         dep = subprocess.run([*cli.argv, "deploy", "--pool", "kktlab-crash"], cwd=cli.root,
                              env=dict(os.environ, **env), capture_output=True, text=True, timeout=180)
         assert dep.returncode == 0 and f"heartbeat for {3 * HEARTBEAT_S} s" in dep.stdout, dep.stderr[-2000:]
         worker = launch.start([f"{launch.BIN}/prefect", "worker", "start", "--pool", "kktlab-crash", "--type",
                                "process"], tmp_path / "pworker.log", env)
-        sub = cli.run("submit", write_config(SLOW), "--store", tmp_path / "z.zarr", env=env, timeout=120)
+        path, store = write_config(SLOW), tmp_path / "z.zarr"
+        sub = cli.run("submit", path, "--store", store, env=env, timeout=120)
         assert sub.returncode == 0, sub.stdout + sub.stderr[-2000:]
         run_id = sub.stdout.split("(")[1].split(")")[0]
         assert _wait(env, run_id, {"Running"}, 180).name == "Running"
@@ -61,11 +105,31 @@ def test_a_run_whose_worker_died_is_marked_crashed(cli, tmp_path, write_config):
             p.kill()
         psutil.wait_procs(victims, timeout=30)
         t_kill = time.monotonic()
+        # meanwhile (the server takes minutes to see it) a clean run of the same config to another store
+        clean = subprocess.Popen([*cli.argv, "run", str(path), "--store", str(tmp_path / "clean.zarr")], cwd=cli.root,
+                                 env=dict(os.environ, **env), stdout=(tmp_path / "clean.log").open("w"),
+                                 stderr=subprocess.STDOUT)
         state = _wait(env, run_id, {"Crashed", "Completed", "Failed", "Cancelled"}, 3 * HEARTBEAT_S + 150)
         assert state.name == "Crashed", state
         assert "no heartbeat" in (state.message or "") and "resume" in (state.message or "")
         assert time.monotonic() - t_kill <= 3 * HEARTBEAT_S + 150
+        left_undone = len(SLOW["grid"]["seed"]) - _done(store)
+        assert left_undone > 0  # the crash cut the run short: the resume has cells to compute
+        # resumed by the same command (a fresh worker): the store completes
+        worker = launch.start([f"{launch.BIN}/prefect", "worker", "start", "--pool", "kktlab-crash", "--type",
+                               "process"], tmp_path / "pworker2.log", env)
+        res = cli.run("submit", path, "--store", store, "--watch", env=env, timeout=600)
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+        assert "cells: 6/6 done" in res.stdout and "Traceback" not in res.stdout + res.stderr, res.stdout[-3000:]
+        assert clean.wait(600) == 0, (tmp_path / "clean.log").read_text()[-3000:]
+        resumed, reference = _values(store), _values(tmp_path / "clean.zarr")
+        assert bool(resumed["done"].all()) and bool(reference["done"].all())
+        assert _mismatches(resumed, reference) == {}
+        assert set(resumed) == set(reference) and len(resumed) > 10, sorted(resumed)
     finally:
+        if clean is not None and clean.poll() is None:
+            clean.kill()
+            clean.wait()
         if worker is not None and worker.poll() is None:
             launch.stop(worker)
         launch.stop(server)

@@ -1,7 +1,8 @@
 """Served mode as its users see it, in a real browser (issue 17): a real ``prefect server start``
 with its web UI, a process worker, the deployments, a sweep submitted with ``kktlab submit --watch``;
 headless Chromium (the system's package) opens the flow run page that ``submit`` printed and the
-progress artifact's page, and both show the progress text. Skipped with a reason where there is no
+progress artifact's page, and both show the progress text; the run's results artifact's page shows the
+store path and the ``kktlab report`` command. Skipped with a reason where there is no
 Chromium (CI images without it). The worker's log shows a quiet sweep: no local-cluster INFO lines,
 the dashboard address once, and no forced kill of Dask workers at teardown.
 docs/served-flow-run.png (README) is a screenshot taken the same way."""
@@ -71,6 +72,18 @@ def test_run_page_in_a_browser_shows_the_progress(cli, tmp_path, write_config):
         assert final, [(a.key, a.data) for a in arts]
         art_text = _page_text(url.split("/runs/")[0] + f"/artifacts/artifact/{final[0].id}", tmp_path)
         assert "kktlab-ui-uirun" in art_text and "uirun: cells 2/2 (100%)" in art_text, art_text[-2000:]
+
+        # from the run to the results: the results artifact's page names the store and the report command
+        store = str(tmp_path / "ui.zarr")
+        with temporary_settings(updates={PREFECT_API_URL: env["PREFECT_API_URL"]}):
+            with get_client(sync_client=True) as client:
+                results = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["kktlab-ui-results"])))
+        results = [a for a in results if str(a.flow_run_id) == run_id]
+        assert len(results) == 1, [(a.key, a.flow_run_id) for a in results]
+        res_text = _page_text(url.split("/runs/")[0] + f"/artifacts/artifact/{results[0].id}", tmp_path,
+                              screenshot=tmp_path / "results.png")
+        assert f"Results: {store}" in res_text, res_text[-3000:]
+        assert f"kktlab report {store} --out DIR" in res_text and f"kktlab status {store}" in res_text, res_text[-3000:]
     finally:
         if worker is not None:
             launch.stop(worker)

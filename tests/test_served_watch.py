@@ -6,12 +6,14 @@
 - B: a stage's elapsed time and ETA count from its first running bundle (fake clock);
 - C: a run's root flow run is named ``<config> @ <store>`` and tagged; it holds exactly one progress
   card per stage (updated in place), a table of the stages' counts and the store path with the
-  ``kktlab report`` command.
+  ``kktlab report`` command; a second run of the same config to the same store carries the same
+  artifact keys, each once (no new key, no duplicate).
 """
 
 from __future__ import annotations
 
 import io
+import json
 import os
 import signal
 import subprocess
@@ -90,12 +92,22 @@ def _lines(proc, sink: list) -> None:
         sink.append(line)
 
 
+def _cells_done(store) -> int:
+    from storage.query import status
+
+    try:
+        return sum(r["done"] for r in status(store))
+    except Exception:  # noqa: BLE001 - no store yet
+        return 0
+
+
 def _kill(proc) -> None:
     os.killpg(proc.pid, signal.SIGKILL)  # the server goes away, no goodbye
     proc.wait(30)
 
 
 @pytest.mark.requires_services
+@pytest.mark.slow
 def test_watch_rides_out_a_server_restart(cli, tmp_path, write_config):
     port, home = launch.free_port(), tmp_path / "prefect-home"  # its SQLite database outlives the restart
     server, env = launch.prefect_server(home, port, tmp_path / "server.log")
@@ -116,6 +128,7 @@ def test_watch_rides_out_a_server_restart(cli, tmp_path, write_config):
         while not any(": Running" in line for line in out) and time.monotonic() < deadline and watcher.poll() is None:
             time.sleep(0.2)
         assert any(": Running" in line for line in out), "".join(out)
+        assert _cells_done(store) < 4  # the restart comes while the run goes on (2 nets + 2 robustness cells)
         _kill(server)
         time.sleep(4.0)
         server, _ = launch.prefect_server(home, port, tmp_path / "server2.log")
@@ -134,8 +147,10 @@ def test_watch_rides_out_a_server_restart(cli, tmp_path, write_config):
                 final = client.read_flow_run(run_id).state
         assert final.is_final() and text.rstrip().count(f": {final.name}\n") + text.rstrip().endswith(final.name) >= 1
         assert code == (0 if final.is_completed() else 1), (final.name, text[-4000:])
+        print(f"the run across the server restart: {final.name}, --watch exit {code}")  # shown by pytest -rA
         if final.is_completed():
             assert "cells: 2/2 done" in text, text[-4000:]  # the summary tables, read from the store
+            assert _cells_done(store) == 4
         else:  # Prefect's own engine in the run met the dead server (a fresh client does not retry ConnectError)
             assert f"the flow run ended {final.name}" in text, text[-4000:]
     finally:
@@ -148,9 +163,8 @@ def test_watch_rides_out_a_server_restart(cli, tmp_path, write_config):
 
 # --- C ------------------------------------------------------------------------------------------
 @pytest.mark.requires_services
-def test_the_run_in_the_ui_leads_to_the_results(run_chain, prefect_server):
+def test_the_run_in_the_ui_leads_to_the_results_and_keeps_its_artifact_keys(run_chain, prefect_server, cli):
     import asyncio
-    import json
 
     from prefect.client.orchestration import get_client
 
@@ -167,6 +181,26 @@ def test_the_run_in_the_ui_leads_to_the_results(run_chain, prefect_server):
             return runs, await client.read_artifacts(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=ids)))
 
     runs, artifacts = asyncio.run(query())
+    _check_first_run(runs, artifacts, store)
+    # the same config to the same store again (every cell done): the same keys, each once per run
+    again = cli.run("run", root / "chain.yaml", "--store", store, timeout=400)
+    assert again.returncode == 0, again.stderr[-3000:]
+    runs, artifacts = asyncio.run(query())
+    parents = sorted((fr for fr in runs if fr.parent_task_run_id is None), key=lambda fr: fr.created)
+    assert [fr.name for fr in parents] == [f"uichain @ {store}"] * 2, [fr.name for fr in runs]
+    keys = [sorted(a.key for a in artifacts if a.flow_run_id == fr.id) for fr in parents]
+    assert keys[0] == sorted(["kktlab-chain-nets", "kktlab-chain-nets-progress", "kktlab-chain-robustness",
+                              "kktlab-chain-robustness-progress", "kktlab-chain-summary", "kktlab-chain-results"])
+    # no duplicate in either run, no new key; a run with nothing to compute has no progress cards, only
+    # its summary and results (the same keys: their pages show the newest run's)
+    assert all(k == sorted(set(k)) for k in keys) and set(keys[1]) <= set(keys[0]), keys
+    assert {"kktlab-chain-summary", "kktlab-chain-results"} <= set(keys[1]), keys
+    table = next(a for a in artifacts if a.flow_run_id == parents[1].id and a.type == "table")
+    rows = {r["stage"]: r for r in json.loads(table.data)}  # the second run's own counts
+    assert (rows["nets"]["done_before"], rows["nets"]["written"]) == (2, 0), rows
+
+
+def _check_first_run(runs, artifacts, store: str) -> None:
     parent = [fr for fr in runs if fr.parent_task_run_id is None]
     assert [fr.name for fr in parent] == [f"uichain @ {store}"], [fr.name for fr in runs]
     assert set(parent[0].tags) >= {"kktlab", "config:uichain", "experiment:train", "experiment:universal_attack",
