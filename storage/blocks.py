@@ -70,11 +70,6 @@ def _smallest_factor(n: int) -> int:
     return next((f for f in range(2, int(math.isqrt(n)) + 1) if n % f == 0), n)
 
 
-def of_index(idx, block: tuple[int, ...]) -> tuple[int, ...]:
-    """The block (its grid position in blocks) that holds cell ``idx``."""
-    return tuple(int(i) // b for i, b in zip(idx, block))
-
-
 def regions(indices: np.ndarray, chunks: tuple[int, ...], shape: tuple[int, ...]):
     """Group cell ``indices`` ((n, ndim) ints) by the chunk that holds them: yields (the chunk's
     slices along the grid dims, the positions in ``indices`` of its cells, whether they cover it)."""
