@@ -7,6 +7,8 @@ CONFIG  ?= configs/quickstart.yaml configs/quickstart-forging.yaml configs/quick
 export DO_NOT_TRACK := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export OMP_WAIT_POLICY := PASSIVE
+# MKL's dgemm bit-identical whatever the operands' alignment (deploy/runtime.py QUIET_ENV, issue 29)
+export MKL_CBWR ?= AVX2,STRICT
 export DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED := False
 export PREFECT_HOME ?= $(CURDIR)/.prefect
 PPORT   ?= 4200

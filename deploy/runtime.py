@@ -28,6 +28,13 @@ QUIET_ENV = {
     # environment; a worker then keeps up to 256 MiB of freed heap instead of returning it.
     "MALLOC_MMAP_THRESHOLD_": str(32 << 20),
     "MALLOC_TRIM_THRESHOLD_": str(256 << 20),
+    # issue 29: MKL's dgemm picks its kernel by its operands' memory alignment, so a net at an odd
+    # offset in its bundle got another X W^T in the last bit (2.2e-16 in W after 200 steps) than
+    # the same net alone. Conditional numerical reproducibility (AVX2 code path, strict) makes a
+    # cell's numbers a function of the cell alone; read once when MKL loads (so it must be in the
+    # environment before torch is imported: kktlab/__init__.py, the Makefile, Dask's workers).
+    # Measured here: no cost above noise (benchmarks/results/mkl_cbwr.json).
+    "MKL_CBWR": "AVX2,STRICT",
 }
 
 

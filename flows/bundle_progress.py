@@ -49,7 +49,26 @@ class Reporter:
         self.check_cancel()
         self.write()
 
+    share = (0, 1, 1)  # (cells before, cells in, cells of the bundle) of the part running now: :meth:`part`
+
+    @contextlib.contextmanager
+    def part(self, before: int, cells: int, of: int):
+        """A bundle run as parts (``flows.experiments.by_shape``: one per true shape of its nets),
+        each counting its steps from 0: inside, ``(steps, total)`` of a part of ``cells`` of ``of``
+        cells after ``before`` cells read as the bundle's, assuming equal steps per cell, so the
+        bundle's count never goes back between parts."""
+        self.share, old = (before, cells, of), self.share
+        try:
+            yield self
+        finally:
+            self.share = old
+
     def __call__(self, steps=None, total=None, loss=None, target=None) -> None:
+        before, cells, of = self.share
+        if (before, cells, of) != (0, 1, 1) and total is not None:
+            per_cell = float(total) / max(cells, 1)
+            steps = None if steps is None else before * per_cell + float(steps)
+            total = of * per_cell
         for k, v in (("steps", steps), ("total", total), ("loss", loss), ("target", target)):
             if v is not None:
                 v = float(v)
@@ -104,6 +123,10 @@ class _Quiet:
 
     def within(self, base: int, steps: int):
         return None
+
+    @contextlib.contextmanager
+    def part(self, before: int, cells: int, of: int):
+        yield self
 
 
 _CURRENT: contextvars.ContextVar = contextvars.ContextVar("kktlab_bundle_progress", default=_Quiet())

@@ -34,6 +34,7 @@ import zipfile
 import numpy as np
 
 META = "__kktlab_meta__"
+COLUMN, AT = "__column__/", "__at__/"  # a receipt's numbers over a bundle's cells, and the cells they belong to
 FAILED = "__failed__"  # key of a cell's result when computing it raised: the error text
 HASH = "__hash__"  # receipt of a cell its worker wrote into the store: the values' content hash
 REFUSED = "__refused__"  # receipt of a cell its worker did not write (done already)
@@ -71,12 +72,23 @@ def save(path: str, key: str, results: list[dict], indices: list | None = None) 
     meta = {"key": key, "n_cells": len(results), **({"indices": [list(map(int, i)) for i in indices]}
                                                       if indices is not None else {})}
     arrays = {META: np.array(json.dumps(meta))}
+    per_cell: dict[str, list] = {}
     for i, values in enumerate(results):
         for name, v in values.items():
             arr = np.asarray(v)
             if arr.dtype.kind not in "biufU":
                 raise TypeError(f"result {name!r} of cell {i} is not numeric ({arr.dtype}); cannot cache it")
-            arrays[f"{i}/{name}"] = arr
+            per_cell.setdefault(name, []).append((i, arr))
+    for name, got in per_cell.items():
+        kinds = {a.dtype.kind for _, a in got}
+        if all(a.ndim == 0 for _, a in got) and len(kinds) == 1 and "U" not in kinds:
+            # a receipt's numbers: one column per name over the cells that have it (a member per cell
+            # cost ~0.3 ms a cell in zipfile; issue 33)
+            at = np.array([i for i, _ in got], dtype=np.int64)
+            arrays[f"{COLUMN}{name}"] = np.stack([a for _, a in got])
+            arrays[f"{AT}{name}"] = at
+        else:
+            arrays.update({f"{i}/{name}": a for i, a in got})
     folder = os.path.dirname(path)
     os.makedirs(folder, mode=0o700, exist_ok=True)
     tmp = f"{path}.tmp{os.getpid()}"
@@ -99,7 +111,16 @@ def load(path: str, key: str, n_cells: int, variables: set[str]) -> list[dict] |
                 raise ValueError(f"written for another bundle (key {meta.get('key')!r})")
             out: list[dict] = [{} for _ in range(n_cells)]
             for name in z.files:
-                if name == META:
+                if name == META or name.startswith(AT):
+                    continue
+                if name.startswith(COLUMN):  # a column of numbers over the cells listed beside it
+                    var = name[len(COLUMN):]
+                    col, at = z[name], z[AT + var]
+                    if (col.dtype.kind not in "biuf" or at.dtype.kind != "i" or col.shape != at.shape or col.ndim != 1
+                            or (at < 0).any()):
+                        raise ValueError(f"column {var!r} is not numbers over its cells")
+                    for i, v in zip(at.tolist(), col):
+                        out[i][var] = v
                     continue
                 i, var = name.split("/", 1)
                 arr = z[name]

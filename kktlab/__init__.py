@@ -1,5 +1,11 @@
 """kktlab: Prefect + Dask + Zarr workflows for the implicit-bias papers (see README.md)."""
 
+import os
+
+# before anything imports torch (MKL reads it once, when it loads): cells bit-identical however
+# they are bundled (deploy/runtime.py QUIET_ENV; the user's own setting wins)
+os.environ.setdefault("MKL_CBWR", "AVX2,STRICT")
+
 __version__ = "0.1.0"
 
 

@@ -22,7 +22,9 @@ def check_prefect_api() -> None:
         probe(api_url())
 
 
-SHOWN_DAMAGED = 5  # damaged cells named by status, show and run (verify names them all)
+FLOW_COMMANDS = ("run", "submit", "cancel", "deploy")  # the commands that import Prefect (the readers start in ~1 s)
+SHOWN_DAMAGED = 5
+SHOW_ROWS = 200  # rows of `show`'s table before it averages over the last axes (--all: every cell)  # damaged cells named by status, show and run (verify names them all)
 
 
 def _declared(experiment: str) -> tuple[str, ...]:
@@ -285,11 +287,7 @@ def cmd_show(args) -> int:
         print(f"== {g}")
         print(ds)
         print(json.dumps(provenance(ds), indent=1))
-        exp_name = ds.attrs.get("kktlab_experiment")
-        from flows import experiments
-
-        exp = experiments.get(exp_name) if exp_name in experiments.names() else None
-        print(summary(ds, variables=exp.summary if exp else (), max_rows=None))
+        print(summary(ds, variables=tables.summary_vars(ds), max_rows=None if args.all else SHOW_ROWS))
     return 0
 
 
@@ -363,6 +361,8 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("show", help="the xarray summary of a store")
     s.add_argument("store")
     s.add_argument("--group")
+    s.add_argument("--all", action="store_true", help="every cell's row (default: averaged over the last axes past "
+                                                        f"{SHOW_ROWS} rows)")
     s.set_defaults(fn=cmd_show)
     s = sub.add_parser("experiments", help="what can be run, with parameters")
     s.set_defaults(fn=cmd_experiments)
@@ -372,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--out", required=True)
     s.set_defaults(fn=cmd_report)
     args = ap.parse_args(argv)
-    stopping.install()
+    stopping.install(prefect=args.cmd in FLOW_COMMANDS)
     try:
         return args.fn(args)
     except UserError as err:

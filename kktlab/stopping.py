@@ -12,15 +12,18 @@ import sys
 SIGNALLED: list[int] = []  # the signal that stopped this process, if one did
 
 
-def install() -> None:
+def install(prefect: bool = True) -> None:
     """Our handler for SIGTERM and SIGINT, and a note-taking wrapper around the handler Prefect
     installs for SIGTERM while a flow runs. Prefect's handler raises ``TerminationSignal`` and only
     hands the signal on to ours if that exception reaches its own ``except``; a signal landing
     inside pydantic's serializer is re-wrapped on the way and never does (CI stop 34), so the
     wrapper records and mutes first. Prefect looks its handler up by this module-level name
-    (prefect 3.8–3.9, pinned in pyproject.toml)."""
+    (prefect 3.8–3.9, pinned in pyproject.toml). ``prefect=False`` (a command that runs no flow):
+    our handler only, without importing Prefect (~3 s of start-up)."""
     signal.signal(signal.SIGTERM, _terminate)
     signal.signal(signal.SIGINT, _terminate)
+    if not prefect:
+        return
     from prefect.utilities import engine
 
     prefect_handler = getattr(engine, "_prefect_sigterm_handler", None)

@@ -9,8 +9,8 @@ FORMATS = ("text", "csv", "markdown", "json", "parquet")
 
 
 def add_parser(sub) -> None:
-    from storage.table import STATS
-
+    """The ``table`` subcommand (storage.table is imported when it runs, not here: pandas and Dask
+    cost every other command ~3 s of start-up; an unknown --stat is refused there, naming it)."""
     s = sub.add_parser("table", help="a group's usable cells as one table: selected, grouped, aggregated, every row")
     s.add_argument("store")
     s.add_argument("group", nargs="?", help="the group (stage); may be left out when the store holds one")
@@ -18,7 +18,7 @@ def add_parser(sub) -> None:
     s.add_argument("--by", help="comma-separated grid dims or variables to group on")
     s.add_argument("--over", help="comma-separated grid dims to aggregate over (default: seed, where it is a dim); "
                                   "a grid dim in neither --by nor --over is kept as a column")
-    s.add_argument("--stat", default="mean", choices=STATS)
+    s.add_argument("--stat", default="mean", help="mean, median, std, sem, min, max or count")
     s.add_argument("--where", action="append", help="name=value or name=v1,v2 on a grid dim or variable (repeatable)")
     s.add_argument("--format", default="text", choices=FORMATS)
     s.add_argument("--out", help="write to this file (required for parquet)")
@@ -36,3 +36,15 @@ def cmd_table(args) -> int:
     else:
         sys.stdout.write(text)
     return 0
+
+
+def summary_vars(ds) -> tuple:
+    """The group's summary variables: its attribute, or (a store made before it) its experiment's."""
+    from storage.schema import SUMMARY
+
+    if SUMMARY in ds.attrs:
+        return tuple(ds.attrs[SUMMARY])
+    from flows import experiments
+
+    name = ds.attrs.get("kktlab_experiment")
+    return experiments.get(name).summary if name in experiments.names() else ()

@@ -16,7 +16,6 @@ A store made before blocks has blocks of one cell; everything here works for it 
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 
 import numpy as np
 
@@ -73,11 +72,16 @@ def _smallest_factor(n: int) -> int:
 def regions(indices: np.ndarray, chunks: tuple[int, ...], shape: tuple[int, ...]):
     """Group cell ``indices`` ((n, ndim) ints) by the chunk that holds them: yields (the chunk's
     slices along the grid dims, the positions in ``indices`` of its cells, whether they cover it)."""
-    groups: dict[tuple, list[int]] = defaultdict(list)
-    for pos, key in enumerate(map(tuple, indices // np.asarray(chunks))):
-        groups[key].append(pos)
-    for key, pos in groups.items():
-        sl = tuple(slice(k * c, min((k + 1) * c, s)) for k, c, s in zip(key, chunks, shape))
+    if len(indices) == 0:
+        return
+    n_chunks = tuple(-(-s // c) for s, c in zip(shape, chunks))
+    flat = np.ravel_multi_index(tuple((np.asarray(indices) // np.asarray(chunks)).T), n_chunks)
+    order = np.argsort(flat, kind="stable")  # positions grouped by chunk, in their order within each (numpy, not a loop per cell)
+    starts = np.flatnonzero(np.r_[True, flat[order][1:] != flat[order][:-1]])
+    for group in np.split(order, starts[1:]):
+        pos = group.tolist()
+        key = np.unravel_index(int(flat[group[0]]), n_chunks)
+        sl = tuple(slice(int(k) * c, min((int(k) + 1) * c, s)) for k, c, s in zip(key, chunks, shape))
         whole = len(pos) == math.prod(x.stop - x.start for x in sl)
         yield sl, pos, whole
 

@@ -127,30 +127,25 @@ def summary_frame(ds: xr.Dataset, over: str | tuple = "seed", variables: tuple =
 def summary(ds: xr.Dataset, over: str = "seed", max_rows: int | None = 60, variables: tuple = (),
             ok: tuple | None = None) -> str:
     """:func:`summary_frame` as a text table: every row up to ``max_rows`` (None: all). A grid with
-    more rows is averaged over its last axes too until it fits (issue 33 item 5: a 10^5-cell sweep
-    ends with a short table, not 10^5 rows), saying so; past ``max_rows`` still (one long axis), the
-    first rows and a line saying how many more there are (never cut silently)."""
+    more rows is averaged over its last axes too until it fits, one long axis included (issue 33
+    item 5: a 10^5-cell sweep ends with a short table of counts and means, not 10^5 rows), and says
+    so and how to list every cell (never cut silently, issue 31)."""
     dims = list(ds[schema.DONE].dims)
     over = [over] if isinstance(over, str) else list(over)
     note = ""
     if max_rows is not None:
         kept = [d for d in dims if d not in over]
-        while kept and np.prod([ds.sizes[d] for d in kept]) > max_rows and len(kept) > 1:
+        while kept and np.prod([ds.sizes[d] for d in kept]) > max_rows:
             over.append(kept.pop())
         if len(over) > 1 and any(d in dims for d in over[1:]):
             note = (f"\n(means over {', '.join(d for d in over if d in dims)}: n_used counts the cells of each row; "
-                    "every cell: kktlab table STORE GROUP --over '')")
+                    "every cell: kktlab show STORE --all, or kktlab table STORE GROUP --over '')")
     df = summary_frame(ds, tuple(over), variables, ok)
-    more = len(df) - max_rows if max_rows is not None and len(df) > max_rows else 0
-    if more:
-        df = df.head(max_rows)
     import pandas as pd
 
     with pd.option_context("display.width", 200, "display.max_columns", 14, "display.precision", 4,
                            "display.max_rows", None):
-        text = df.to_string()
-    return text + note + (f"\n... {more} more rows (of {len(df) + more}): `kktlab show STORE` prints them all"
-                          if more else "")
+        return df.to_string() + note
 
 
 def fixed_params(ds: xr.Dataset) -> dict:

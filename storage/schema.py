@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import math
 
-import dask.array as da
 import numpy as np
 import xarray as xr
 from zarr.codecs import Crc32cCodec, ZstdCodec
@@ -66,6 +65,8 @@ def template(exp: Experiment, grid: dict[str, list], extra_sizes: dict[str, int]
              block: tuple[int, ...] | None = None) -> xr.Dataset:
     """The empty (lazy, fill-valued) dataset a store is created from; ``block``: the cells of a
     chunk along the grid dims (storage/blocks.py; default one cell)."""
+    import dask.array as da  # here, not at the top: the reading commands never build a template (~1.5 s)
+
     dims = tuple(grid)
     shape = tuple(len(v) for v in grid.values())
     block = tuple(block) if block is not None else (1,) * len(dims)
@@ -125,6 +126,9 @@ def _coord_attrs(exp: Experiment, dim: str) -> dict:
     return {"long_name": long_name(doc), "units": "1", "description": doc}
 
 
+SUMMARY = "kktlab_summary"
+
+
 def about(exp: Experiment, grid: dict[str, list]) -> dict:
     """Global attributes that say what the group is, for readers without kktlab (CF's title,
     source, references, and a README)."""
@@ -137,6 +141,7 @@ def about(exp: Experiment, grid: dict[str, list]) -> dict:
                    "'status' variable, a status among its ok_values attribute): storage.query.usable, the mask "
                    "of kktlab's figures and tables. Each variable's description says what it holds and the "
                    "spec equation it implements; the group attribute 'config' holds the config that made it."),
+        SUMMARY: list(exp.summary),  # the variables of its summary table: `kktlab show` needs no experiment import
     }
 
 

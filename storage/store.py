@@ -249,23 +249,26 @@ class Store:
         points = blocks.points(indices, self._array(schema.DONE).ndim)
         ok = self._writable(points, force, replace_failed) if len(points) else np.zeros(0, dtype=bool)
         hashes: list[int | None] = [None] * len(points)
-        stored: list[dict[str, np.ndarray]] = [{} for _ in points]
-        for name in sorted({n for i in np.flatnonzero(ok) for n in values[i]}):
+        cells = np.flatnonzero(ok)
+        stacks: dict[str, tuple[list[int], np.ndarray]] = {}  # per variable: the cells that have it, their values
+        for name in sorted({n for i in cells for n in values[i]}):
             arr = self._array(name)
-            which = [i for i in np.flatnonzero(ok) if name in values[i]]
+            which = [i for i in cells if name in values[i]]
             if arr.ndim == points.shape[1]:  # a scalar per cell: cast all at once
                 stack = np.asarray([values[i][name] for i in which], dtype=arr.dtype)
             else:
                 stack = np.stack([blocks.padded(arr, values[i][name], points.shape[1]) for i in which])
-            for i, v in zip(which, stack):
-                stored[i][name] = v
+            stacks[name] = (which, stack)
             blocks.write_points(arr, points[which], stack, schema.fill_value(arr.dtype))
-        cells = np.flatnonzero(ok)
         if len(cells):  # one hash per cell, all at once (storage/hashing.py)
-            names = stored[cells[0]].keys()
-            same = all(stored[i].keys() == names for i in cells)
-            got = (content_hashes({n: np.stack([stored[i][n] for i in cells]) for n in names}) if same
-                   else [content_hash(stored[i]) for i in cells])
+            if all(len(which) == len(cells) for which, _ in stacks.values()):
+                got = content_hashes({n: stack for n, (_, stack) in stacks.items()})
+            else:  # cells with different variables: each its own
+                stored: dict[int, dict[str, np.ndarray]] = {int(i): {} for i in cells}
+                for n, (which, stack) in stacks.items():
+                    for i, v in zip(which, stack):
+                        stored[int(i)][n] = v
+                got = [content_hash(stored[int(i)]) for i in cells]
             for i, h in zip(cells, got):
                 hashes[i] = int(h)
         written = np.flatnonzero(ok)

@@ -141,13 +141,14 @@ def _raw_check(chunk: str) -> str:
     return ""
 
 
-def _read(arr: zarr.Array, cells: list[tuple[int, ...]]) -> tuple[np.ndarray, dict[tuple, str]]:
-    """The whole array, and the problem of each of ``cells`` whose chunk does not decode (those
-    read as the fill value)."""
+def _read(arr: zarr.Array, cells) -> tuple[np.ndarray, dict[tuple, str]]:
+    """The whole array, and the problem of each of ``cells`` (a list of indices, or a callable giving
+    it: built only when needed) whose chunk does not decode (those read as the fill value)."""
     try:
         return np.asarray(arr[...]), {}
     except Exception:  # noqa: BLE001 - localise below, chunk by chunk
         pass
+    cells = cells() if callable(cells) else cells
     values = np.full(arr.shape, schema.fill_value(arr.dtype), dtype=arr.dtype)
     bad = {}
     for idx in cells:
@@ -167,7 +168,8 @@ def _edited(gpath: pathlib.Path, harr: zarr.Array, variables: list[str], cells: 
     if not cells:
         return []
     stored = np.asarray(harr[...]).reshape(shape)
-    cells = [idx for idx in cells if int(stored[idx]) != schema.NO_HASH]
+    hashed_at = stored[tuple(np.asarray(cells).T)] != schema.NO_HASH
+    cells = cells if hashed_at.all() else [idx for idx, h in zip(cells, hashed_at) if h]
     hashed = [n for n in variables if n not in schema.NOT_HASHED and n not in (schema.CELL_HASH, schema.UPSTREAM_HASH)]
     try:
         values = {n: np.asarray(zarr.open_array(str(gpath / n), mode="r", zarr_format=3)[...]) for n in hashed}
@@ -185,8 +187,8 @@ def _edited(gpath: pathlib.Path, harr: zarr.Array, variables: list[str], cells: 
         return []
     if len(values) == len(hashed):  # every array read whole: all cells' hashes at once
         at = tuple(np.asarray(cells).T)
-        got = content_hashes({n: a[at] for n, a in values.items()})
-        return [idx for idx, h in zip(cells, got) if int(h) != int(stored[idx])]
+        got = np.asarray(content_hashes({n: a[at] for n, a in values.items()}), dtype=np.int64)
+        return [cells[i] for i in np.nonzero(got != stored[at].astype(np.int64))[0]]
     return [idx for idx in cells if content_hash({n: a[idx] for n, a in values.items()}) != int(stored[idx])]
 
 
@@ -240,8 +242,7 @@ def verify_group(path: str | pathlib.Path, group: str,
     if tuple(done_arr.shape) != shape:
         raise StoreError(f"{where}: array 'done' has shape {done_arr.shape}, the grid {shape}")
     cells: dict[tuple[int, ...], list[str]] = {}
-    every = list(np.ndindex(*shape))
-    done, bad = _read(done_arr, every)
+    done, bad = _read(done_arr, lambda: list(np.ndindex(*shape)))
     for idx, problem in bad.items():
         cells.setdefault(idx, []).append(f"done flag {problem}")
     done = done.astype(bool)
@@ -253,7 +254,9 @@ def verify_group(path: str | pathlib.Path, group: str,
         for idx, problem in bad.items():
             cells.setdefault(idx, []).append(f"failed flag {problem}")
         failed = failed.astype(bool) & done
-    valued = [idx for idx in done_cells if not failed[idx]]
+    valued_mask = done & ~failed
+    valued = [tuple(int(i) for i in idx) for idx in zip(*np.nonzero(valued_mask))]
+    at = np.argwhere(valued_mask)  # (cells, dims): the checks below run on arrays, not cell by cell (issue 33)
     unchecked = []
     for name in variables:
         arr, why = _open_array(gpath, name)
@@ -266,31 +269,31 @@ def verify_group(path: str | pathlib.Path, group: str,
         found: dict[tuple, str] = {}  # cell -> this variable's problem
         if _checksummed(arr):  # every chunk of a done cell exists and its checksum matches
             extra = (0,) * (arr.ndim - len(shape))
-            apath, grid_chunks = str(gpath / name), tuple(arr.chunks[:len(shape)])
-            checked: dict[tuple, str] = {}  # a chunk holds a block of cells (storage/blocks.py): read once
-            for idx in valued:
-                key = tuple(i // c for i, c in zip(idx, grid_chunks)) + extra
-                if key not in checked:
-                    checked[key] = _raw_check(os.path.join(apath, arr.metadata.encode_chunk_key(key)))
-                if checked[key]:
-                    found[idx] = checked[key]
+            apath, grid_chunks = str(gpath / name), np.asarray(arr.chunks[:len(shape)])
+            # a chunk holds a block of cells (storage/blocks.py): each chunk of a valued cell read once
+            n_chunks = tuple(-(-np.asarray(shape) // grid_chunks))
+            flat, inverse = np.unique(np.ravel_multi_index(tuple((at // grid_chunks).T), n_chunks), return_inverse=True)
+            problem = [_raw_check(os.path.join(apath, arr.metadata.encode_chunk_key(
+                tuple(int(k) for k in np.unravel_index(key, n_chunks)) + extra))) for key in flat]
+            for row in np.nonzero(np.asarray([bool(p) for p in problem], dtype=bool)[inverse])[0]:
+                found[valued[row]] = problem[inverse[row]]
         else:
             unchecked.append(name)
         if arr.attrs.get(schema.FINITE) or name in unchecked:  # decode: finite values, codec faults
-            values, bad = _read(arr, [idx for idx in valued if idx not in found])
+            values, bad = _read(arr, lambda: [idx for idx in valued if idx not in found])
             found.update(bad)
             if arr.attrs.get(schema.FINITE):
                 vals = values.reshape(shape + (-1,))
                 ok = np.isfinite(vals) if vals.dtype.kind == "f" else vals != schema.fill_value(vals.dtype)
-                for idx in valued:
-                    if idx not in found and not ok[idx].all():
+                for idx in map(tuple, np.argwhere(valued_mask & ~ok.all(-1)).tolist()):
+                    if idx not in found:
                         found[idx] = (f"not finite ({vals[idx].ravel()[0]})" if vals.dtype.kind == "f"
                                       else "missing (reads the fill value)")
         for idx, problem in found.items():
             cells.setdefault(idx, []).append(f"variable {name} {problem}")
     harr, _ = _open_array(gpath, schema.CELL_HASH)
     if harr is not None and not broken:  # values edited after they were stored (issue 29 item 4)
-        for idx in _edited(gpath, harr, variables, [i for i in valued if i not in cells], shape):
+        for idx in _edited(gpath, harr, variables, [i for i in valued if i not in cells] if cells else valued, shape):
             cells.setdefault(idx, []).append("values differ from the cell_hash stored with them (edited since)")
     if unchecked:
         notes.append(f"no checksums on {len(unchecked)} arrays (store made before kktlab wrote crc32c): "

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import os
+import pathlib
 
 import numpy as np
 import pytest
@@ -29,6 +30,8 @@ import torch
 
 from flows import experiments
 from storage.nets import Nets
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 NOT_INVARIANT = {"wall_s"}  # a timing
 
@@ -172,14 +175,9 @@ def test_cell_hash_is_the_same_alone_and_bundled(name, kind, cell):
         assert content_hash(pick(alone)) == content_hash(pick(bundled))
 
 
-@pytest.mark.xfail(os.environ.get("MKL_CBWR") is None, strict=True,
-                   reason="MKL's dgemm depends on its operands' memory alignment: a net at an odd offset in the "
-                          "bundle's (E, 11, 37) X gets another X W^T in the last bit (2.2e-16 in W after 200 steps); "
-                          "MKL_CBWR=AVX2,STRICT (set before MKL loads, e.g. in the worker env) makes it bit-identical")
-def test_train_kkt_net_is_bit_identical_alone_and_bundled():
-    """A producer's bundle is one shape (train_kkt, train / nonrobust: ``bundle_key``), and a net of
-    odd sizes (the tails of SIMD loops) trained beside three others equals it trained alone, bit for
-    bit: W, the margins, the hash."""
+def check_train_kkt_bit_identical_alone_and_bundled():
+    """A net of odd sizes (the tails of SIMD loops) trained beside three others equals it trained
+    alone, bit for bit: W, the margins, the hash."""
     from storage.store import content_hash
 
     exp = experiments.get("train_kkt")
@@ -190,6 +188,37 @@ def test_train_kkt_net_is_bit_identical_alone_and_bundled():
         alone = exp.run_bundle([c], "cpu")[0]
         assert compare(alone, bundled) == {}
         assert content_hash(pick(alone)) == content_hash(pick(bundled))
+
+
+def test_train_kkt_net_is_bit_identical_alone_and_bundled():
+    """A producer's bundle is one shape (train_kkt, train / nonrobust: ``bundle_key``). MKL's dgemm
+    picks its kernel by its operands' memory alignment, so without conditional numerical
+    reproducibility a net at an odd offset in the bundle's (E, 11, 37) X got another X W^T in the
+    last bit (2.2e-16 in W after 200 steps). kktlab sets ``MKL_CBWR=AVX2,STRICT`` itself, before
+    torch loads MKL: checked in a fresh process whose environment lacks it and which, like the CLI,
+    imports kktlab first (removing the setting in kktlab/__init__.py turns this red here)."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "MKL_CBWR"}
+    code = ("import kktlab, sys; sys.path.insert(0, 'tests'); import test_bundle_invariance_readers as t; "
+            "t.check_train_kkt_bit_identical_alone_and_bundled()")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+
+
+def test_mkl_cbwr_reaches_the_dask_workers_kktlab_starts(monkeypatch):
+    from distributed import Client, LocalCluster
+
+    from deploy.runtime import QUIET_ENV, quiet_env
+
+    monkeypatch.delenv("MKL_CBWR", raising=False)
+    quiet_env()
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, host="127.0.0.1",
+                      dashboard_address="127.0.0.1:0") as cluster, Client(cluster) as client:
+        (got,) = client.run(lambda: os.environ.get("MKL_CBWR")).values()
+    assert got == QUIET_ENV["MKL_CBWR"] == "AVX2,STRICT"
 
 
 @pytest.mark.parametrize("name", ["train_kkt", "train", "nonrobust"])

@@ -8,6 +8,7 @@ worker installs its own."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import math
 
@@ -124,13 +125,47 @@ def run_forge_net():
     return experiments.get("forge_net").run_bundle([base, dict(base, points=3)], "cpu", inputs=nets), 2 + 3
 
 
+def run_forging_sgd():
+    cells = [cells_of("forging_sgd", n_updates=5)[0], cells_of("forging_sgd", n_updates=7, seed=1)[0]]
+    return experiments.get("forging_sgd").run_bundle(cells, "cpu"), 5 + 7  # SGD updates
+
+
+def run_calibrate():
+    cells = [cells_of("calibrate", n_matmuls=100)[0], cells_of("calibrate", n_matmuls=150, seed=1)[0]]
+    return experiments.get("calibrate").run_bundle(cells, "cpu"), 100 + 150  # matmuls
+
+
+def run_kkt_constructions():  # n < d: Thm 4's far sets too; 2·n_ops + 3 steps per net
+    nets = toy_nets(E=2, k=6, d=8, m=4)
+    return experiments.get("kkt_constructions").run_bundle(cells_of("kkt_constructions", n_ops=2) * 2, "cpu",
+                                                           inputs=nets), 2 * (2 * 2 + 3)
+
+
+def run_universal_attack():
+    """Toy nets labelled by their own sign (they separate their data: the KKT fit runs), their
+    minibatch generators' states as ``train`` stores them."""
+    from tasks.cells.nonrobust import ANALYSIS_STEPS
+
+    n = toy_nets(E=2)
+    y = torch.sign((torch.relu(n.W @ n.X.transpose(1, 2) + n.b[..., None]) * n.v[..., None]).sum(1))
+    rng = torch.stack([torch.Generator().manual_seed(e).get_state() for e in range(2)])
+    nets = dataclasses.replace(n, y=y, rng_state=rng)
+    return experiments.get("universal_attack").run_bundle(cells_of("universal_attack") * 2, "cpu",
+                                                          inputs=nets), ANALYSIS_STEPS
+
+
 # name -> (runner, whether it reports a loss); PREPARE: what a runner reads, made before the test's reporter
 PREPARE = {"unlearn_retrain": kkt_nets}
 WIRED = {
     "lazy_train": (run_lazy_train, True), "adv_train": (run_adv_train, False), "train_kkt": (run_train_kkt, True),
     "unlearn_retrain": (run_unlearn_retrain, True), "reconstruct": (run_reconstruct, True), "pgd": (run_pgd, False),
     "single_step": (run_single_step, False), "forging": (run_forging, False), "forge_net": (run_forge_net, False),
+    "forging_sgd": (run_forging_sgd, False), "calibrate": (run_calibrate, False),
+    "kkt_constructions": (run_kkt_constructions, False), "universal_attack": (run_universal_attack, False),
 }
+# steps only a report from inside the kernel's loop gives (not one per cell or per stage): SGD updates
+# 3 and 5 + 3, matmul 64 of each cell, the first split of net 0, FISTA iteration 100 of the KKT fit
+INSIDE = {"forging_sgd": {3, 8}, "calibrate": {64, 164}, "kkt_constructions": {2}, "universal_attack": {101}}
 
 
 def check_reports(calls: list[tuple], total: int, loss: bool) -> None:
@@ -157,6 +192,16 @@ def test_a_long_bundle_reports_its_steps_of_a_total(name, tmp_path):
     check_reports(rec.calls, total, loss)
     [on_disk] = files.read(tmp_path / "s.zarr", "g")  # what the flow and ``kktlab status`` read
     assert on_disk["steps"] == total and on_disk["total"] == total
+
+
+@pytest.mark.parametrize("name", list(INSIDE))
+def test_a_bundle_reports_from_inside_its_kernels_loop(name, tmp_path):
+    """forging_sgd, calibrate, kkt_constructions, universal_attack: the kernel's own loop reports (SGD
+    updates, matmuls, splits / merges, the KKT fit's FISTA iterations), so the file moves and a cancel
+    request is seen within the loop, not only between cells."""
+    with installed(Recording(str(tmp_path / "s.zarr"))) as rec:
+        WIRED[name][0]()
+    assert INSIDE[name] <= {s for s, *_ in rec.calls}, rec.calls
 
 
 def test_train_kkt_reports_its_loss_against_thm_2_1s_mark(tmp_path):

@@ -19,10 +19,15 @@ def test_fifty_rows_are_all_printed():
     assert "more rows" not in text
 
 
-def test_past_the_limit_the_rest_is_counted():
+def test_one_long_axis_past_the_limit_is_averaged_and_says_so():
+    """Issue 33 item 5: a 1-D grid of 80 cells over a 60-row limit ends in one row of means over it
+    (n_used 80), with the way to list every cell; ``max_rows=None`` (show --all) lists all 80."""
     text = summary(_grid(80), max_rows=60)
-    assert text.rstrip().endswith("`kktlab show STORE` prints them all") and "20 more rows (of 80)" in text
-    assert "more rows" not in summary(_grid(80), max_rows=None)
+    rows = [ln.split() for ln in text.splitlines() if ln.startswith("mean")]
+    assert len(rows) == 1 and float(rows[0][-1]) == 80, text
+    assert float(rows[0][1]) == np.arange(80.0).mean(), text
+    assert "means over d" in text and "kktlab show STORE --all" in text
+    assert len(summary(_grid(80), max_rows=None).splitlines()) > 80 and "means over" not in summary(_grid(80), max_rows=None)
 
 
 def test_a_large_grid_is_averaged_over_its_last_axes_until_it_fits():

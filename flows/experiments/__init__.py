@@ -47,10 +47,15 @@ def by_shape(run_bundle):
             groups.setdefault(shape, []).append(i)
         if len(groups) == 1:
             return run_bundle(cells, device, inputs=inputs.select(list(range(len(cells)))), **kwargs)
+        from flows import bundle_progress
+
         out: list[Result] = [{}] * len(cells)
+        before = 0
         for idx in groups.values():
-            for i, res in zip(idx, run_bundle([cells[i] for i in idx], device, inputs=inputs.select(idx), **kwargs)):
-                out[i] = res
+            with bundle_progress.current().part(before, len(idx), len(cells)):  # the bundle's step count goes on
+                for i, res in zip(idx, run_bundle([cells[i] for i in idx], device, inputs=inputs.select(idx), **kwargs)):
+                    out[i] = res
+            before += len(idx)
         return out
 
     return run

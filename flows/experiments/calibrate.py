@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import time
 
+from flows import bundle_progress
 from flows.experiments import Experiment, Param, Var, register
 from tasks.cells.calibrate import busy
 
 
 def run_bundle(cells: list[dict], device: str = "cpu") -> list[dict]:
-    out = []
-    for c in cells:  # the work of a cell is sequential by design: it is the unit being timed
+    """The bundle reports its matmuls done of all its cells' (issue 30); a cancel request stops it there."""
+    rep, counts, out = bundle_progress.current(), [int(c["n_matmuls"]) for c in cells], []
+    for i, c in enumerate(cells):  # the work of a cell is sequential by design: it is the unit being timed
+        progress = bundle_progress.for_kernel(rep, base=sum(counts[:i]), total=sum(counts))
         t0 = time.perf_counter()
-        checksum = busy(c["n_matmuls"], c["seed"])
+        checksum = busy(c["n_matmuls"], c["seed"], progress=progress)
         out.append({"checksum": checksum, "wall_s": time.perf_counter() - t0})
     return out
 

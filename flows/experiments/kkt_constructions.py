@@ -10,6 +10,7 @@ from __future__ import annotations
 
 
 from core.declare import NetsNeeds
+from flows import bundle_progress
 from flows.experiments import Experiment, Param, Var, register, by_shape, timed
 from tasks.cells import kkt_constructions as cell_fn
 
@@ -62,9 +63,11 @@ def extra_dims(cells: list[dict]) -> dict[str, int]:
 @timed
 @by_shape
 def run_bundle(cells: list[dict], device: str = "auto", inputs=None) -> list[dict]:
-    """``inputs``: the upstream nets of ``cells``, in order (storage.nets.Nets), float64 on the CPU."""
+    """``inputs``: the upstream nets of ``cells``, in order (storage.nets.Nets), float64 on the CPU. The
+    bundle reports its construction steps done of all its nets' (issue 30); a cancel request stops it there."""
     n = inputs
-    return cell_fn.run(n.W, n.b, n.v, n.X, n.y, n.d, n.m, n.width, [c["n_ops"] for c in cells])
+    return cell_fn.run(n.W, n.b, n.v, n.X, n.y, n.d, n.m, n.width, [c["n_ops"] for c in cells],
+                       progress=bundle_progress.for_kernel(bundle_progress.current()))
 
 
 def needs(cell: dict) -> NetsNeeds:

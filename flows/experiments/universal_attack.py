@@ -12,6 +12,7 @@ from __future__ import annotations
 
 
 from core.declare import NetsNeeds
+from flows import bundle_progress
 from flows.experiments import Experiment, Var, register, by_shape, timed
 from flows.experiments import nonrobust
 from tasks.cells import universal_attack as cell_fn
@@ -38,9 +39,11 @@ def bundle_key(cell: dict) -> tuple:
 @by_shape
 def run_bundle(cells: list[dict], device: str = "auto", inputs=None) -> list[dict]:
     """``inputs``: the upstream nets of ``cells``, in order (storage.nets.Nets). Analysis is float64
-    on the CPU, as in ``nonrobust``."""
+    on the CPU, as in ``nonrobust``. The bundle reports its analysis steps (mostly the KKT fit's
+    iterations, issue 30); a cancel request stops it there."""
     n = inputs
-    return cell_fn.attack(n.W, n.b, n.v, n.X, n.y, n.mask, n.d, n.m, n.rng_state, cells)
+    return cell_fn.attack(n.W, n.b, n.v, n.X, n.y, n.mask, n.d, n.m, n.rng_state, cells,
+                          progress=bundle_progress.for_kernel(bundle_progress.current()))
 
 
 EXPERIMENT = register(Experiment(

@@ -20,11 +20,12 @@ OUTPUTS = ("w_original", "w_forged", "x_shared", "grad_original_w0", "grad_forge
 
 
 def forging_sgd_cell(*, x0: float, x0_forged: float, w0: float, h: float, n_updates: int, c: float, A: float,
-                     seed: int, data: str) -> dict:
-    """Run Fig 1's two SGD trajectories (Eq 2) on the two-basin loss; arrays are numpy float64."""
+                     seed: int, data: str, progress=None) -> dict:
+    """Run Fig 1's two SGD trajectories (Eq 2) on the two-basin loss; arrays are numpy float64.
+    ``progress`` (optional): ``progress(updates done, n_updates)`` (``sgd_trajectories``')."""
     t0 = time.perf_counter()
     r = figure1_trajectories(x0=x0, x0_forged=x0_forged, w0=w0, h=h, n_updates=n_updates, c=c, A=A, seed=seed,
-                             data=data)
+                             data=data, progress=progress)
     wo, wf = np.asarray(r["w_original"], dtype=float), np.asarray(r["w_forged"], dtype=float)
     return {"w_original": wo, "w_forged": wf, "x_shared": np.asarray(r["xs"], dtype=float),
             "grad_original_w0": r["grad_original_w0"], "grad_forged_w0": r["grad_forged_w0"],

@@ -36,8 +36,9 @@ def _norm(W, b, v) -> float:
     return float(torch.cat([W.flatten(), b, v]).norm())
 
 
-def merge_split(W, b, v, X, y, lam, nu, n_ops: int) -> tuple[list[float], list[int]]:
-    """(a): ‖R(S_t) − R(S_0)‖/‖θ‖ after each of ``n_ops`` splits then their merges, and the op kinds."""
+def merge_split(W, b, v, X, y, lam, nu, n_ops: int, progress=None) -> tuple[list[float], list[int]]:
+    """(a): ‖R(S_t) − R(S_0)‖/‖θ‖ after each of ``n_ops`` splits then their merges, and the op kinds;
+    ``progress`` (optional): called as ``progress(operations done)`` after each."""
     theta = _norm(W, b, v)
     R0 = C.set_residual(W, b, v, X, y, lam)
     support = (lam > 1e-6 * lam.max()).nonzero().flatten().tolist()
@@ -54,12 +55,16 @@ def merge_split(W, b, v, X, y, lam, nu, n_ops: int) -> tuple[list[float], list[i
         pieces.append((X[i], alpha, beta))
         out.append(float((C.set_residual(W, b, v, Xs, ys, ls) - R0).norm()) / theta)
         kinds.append(SPLIT)
+        if progress is not None:
+            progress(len(out))
     for x, alpha, beta in reversed(pieces):
         i1 = int(((Xs - (x + alpha * nu)).abs().amax(1) == 0).nonzero()[0, 0])
         i2 = int(((Xs - (x - beta * nu)).abs().amax(1) == 0).nonzero()[0, 0])
         Xs, ys, ls = C.merge(W, b, Xs, ys, ls, i1, i2)
         out.append(float((C.set_residual(W, b, v, Xs, ys, ls) - R0).norm()) / theta)
         kinds.append(MERGE)
+        if progress is not None:
+            progress(len(out))
     return out, kinds
 
 
@@ -105,32 +110,47 @@ def split_budgets(W, b, v, X, y, lam, eps, nu) -> dict:
             "b5_printed_violations": int((b5p > exact_e).sum())}
 
 
-def run_one(W, b, v, X, y, n_ops: int) -> dict:
-    """Every F004-3 check on one net (W (k,d), b, v (k)) and its training set (X (n,d), y (n)), float64."""
+def units(n_ops: int) -> int:
+    """The steps :func:`run_one` reports for one net: ε*, each split and merge, the far sets, the budgets."""
+    return 2 * n_ops + 3
+
+
+def run_one(W, b, v, X, y, n_ops: int, progress=None) -> dict:
+    """Every F004-3 check on one net (W (k,d), b, v (k)) and its training set (X (n,d), y (n)), float64.
+    ``progress`` (optional): called as ``progress(done, units(n_ops))`` at the start and after each
+    step (fewer support points than ``n_ops``: the missing operations are skipped at once)."""
+    of = units(n_ops)
+    step = (lambda done: progress(done, of)) if progress is not None else (lambda done: None)  # noqa: E731
+    step(0)
     eps, lam = bounds.eps_star(W, b, v, X, y)
+    step(1)
     nu, sigma_d = C.svd_direction(X)
     proj = X @ nu
     n = X.shape[0]
-    ops, kinds = merge_split(W, b, v, X, y, lam, nu, n_ops)
+    ops, kinds = merge_split(W, b, v, X, y, lam, nu, n_ops, progress=lambda t: step(1 + t))
     out = {"eps_rel": float(eps) / _norm(W, b, v), "n_support": int((lam > 1e-6 * lam.max()).sum()),
            "op_residual": ops, "op_kind": kinds, "merge_split_max": max(ops) if ops else math.nan,
            "sigma_d": float(sigma_d), "gamma_ud": float(proj.abs().max()),
            "sigma_d_sqrt_n": float(sigma_d) / math.sqrt(n),
            "thm15_sumsq_err": abs(float(proj.pow(2).sum()) - float(sigma_d) ** 2), "far_tau": list(TAUS)}
     far = far_sets(W, b, v, X, y)
+    step(of - 1)
     out.update(far)
     out["far_ok"] = -1 if X.shape[0] >= X.shape[1] else int(all(
         dist > tau and res <= 1e-10 and err <= 1e-10 and kept == 1 for tau, dist, res, err, kept in
         zip(TAUS, far["far_dist"], far["far_residual"], far["far_phi_err"], far["far_pattern_kept"])))
     out.update(split_budgets(W, b, v, X, y, lam, eps, nu))
+    step(of)
     return out
 
 
-def run(W, b, v, X, y, d, m, width, n_ops: list[int]) -> list[dict]:
+def run(W, b, v, X, y, d, m, width, n_ops: list[int], progress=None) -> list[dict]:
     """The bundle's nets as ``storage.nets.Nets`` holds them (E leading, zero padded, float64 CPU), each
-    cut to its true sizes; one dict of numbers per net."""
-    out = []
+    cut to its true sizes; one dict of numbers per net. ``progress`` (optional): ``progress(done, of)``
+    in :func:`run_one`'s steps over all the nets."""
+    out, per = [], [units(k) for k in n_ops]
     for e in range(W.shape[0]):
         de, me, ke = int(d[e]), int(m[e]), int(width[e])
-        out.append(run_one(W[e, :ke, :de], b[e, :ke], v[e, :ke], X[e, :me, :de], y[e, :me], n_ops[e]))
+        inner = None if progress is None else (lambda done, of, base=sum(per[:e]): progress(base + done, sum(per)))
+        out.append(run_one(W[e, :ke, :de], b[e, :ke], v[e, :ke], X[e, :me, :de], y[e, :me], n_ops[e], inner))
     return out

@@ -14,6 +14,9 @@ import torch
 
 from tasks import attacks, data, kkt, nets, train
 
+KKT_ITERS = 3000  # FISTA iterations of the KKT fit (``kkt.kkt_fit``'s)
+ANALYSIS_STEPS = KKT_ITERS + 3  # :func:`analyse`'s progress: c*, the KKT fit's iterations, Thm 4.1, the robust net
+
 
 def n_samples(cell: dict) -> int:
     """m = round(d^α) when the cell's m is 0 (paper 002 Fig. 1a; spec 002 §2.7)."""
@@ -82,11 +85,12 @@ def robust(X: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, d: torch.Tensor
     return torch.where(applies, (1 - rho) * torch.sqrt(d) / 2, nan), torch.where(applies, c_star, nan)
 
 
-def _kkt_per_cell(net, X, y, mask, cells) -> list[kkt.KKTFit | None]:
+def _kkt_per_cell(net, X, y, mask, cells, progress=None) -> list[kkt.KKTFit | None]:
     """The KKT fit (spec 002 §2.11) of every cell with m <= its ``kkt_max_m`` whose net separates its
     data (q_min > 0: θ̂ = θ/√q_min is defined; a diverged net has NaN weights, one stopped early may
     misclassify, and either made ``eigvalsh`` fail on an overflowing Gram matrix), on a sub-stack cut
-    to those cells' largest m (so a small-m cell never depends on a large one); None elsewhere."""
+    to those cells' largest m (so a small-m cell never depends on a large one); None elsewhere.
+    ``progress``: the fit's (``kkt.nnls``'s; not called when no cell is fitted)."""
     q_min = kkt.margins(net, X, y).masked_fill(~mask, math.inf).min(1).values
     fits_ok = (net.finite() & (q_min > 0)).tolist()
     idx = [e for e, c in enumerate(cells) if n_samples(c) <= c["kkt_max_m"] and fits_ok[e]]
@@ -94,7 +98,8 @@ def _kkt_per_cell(net, X, y, mask, cells) -> list[kkt.KKTFit | None]:
     if not idx:
         return out
     m_sub = max(n_samples(cells[e]) for e in idx)
-    fit = kkt.kkt_fit(net.select(idx), X[idx, :m_sub], y[idx, :m_sub], mask[idx, :m_sub])
+    fit = kkt.kkt_fit(net.select(idx), X[idx, :m_sub], y[idx, :m_sub], mask[idx, :m_sub], iters=KKT_ITERS,
+                      progress=progress)
     for j, e in enumerate(idx):
         out[e] = fit.select(j)
     return out
@@ -107,10 +112,14 @@ def _median(t: torch.Tensor) -> torch.Tensor:
     return 0.5 * (s[(s.numel() - 1) // 2] + s[s.numel() // 2])
 
 
-def analyse(net: nets.TwoLayer, X, y, mask, cells: list[dict], gens) -> list[dict]:
+def analyse(net: nets.TwoLayer, X, y, mask, cells: list[dict], gens, progress=None) -> list[dict]:
     """Every measure of paper 002 on a trained float64 stack: margins and margin sets (Sec. 6,
     A13/A14), the universal direction and exact c* (§2.9), KKT residuals (§2.11), Theorem 4.1's
-    check (§3), the Theorem 3.1 robust net (E8)."""
+    check (§3), the Theorem 3.1 robust net (E8). ``progress`` (optional): called as
+    ``progress(done, ANALYSIS_STEPS)`` at the start, after c*, every 100 iterations of the KKT fit,
+    after it, after Thm 4.1's check and at the end."""
+    step = (lambda done: progress(done, ANALYSIS_STEPS)) if progress is not None else (lambda done: None)  # noqa: E731
+    step(0)
     c0 = cells[0]
     d_true = torch.tensor([float(c["d"]) for c in cells], dtype=X.dtype)
     q = kkt.margins(net, X, y)
@@ -118,12 +127,16 @@ def analyse(net: nets.TwoLayer, X, y, mask, cells: list[dict], gens) -> list[dic
     I_tight = kkt.margin_set(q, mask, 1.01)  # spec 002 A13: Cor 4.1 uses the exact margin set
     z_hat = attacks.DIRECTIONS[c0["attack"]](net, X, y, I, gens)
     flip = attacks.c_star_exact(net, X, y, I, z_hat, cap=20 * torch.sqrt(d_true))
+    step(1)
     flipped = attacks.flipped_fraction(net, X, y, mask, z_hat, flip.c_star)
     gamma = kkt.normalized_margin(net, q, mask)
     balance = kkt.balance_error(net)
-    fits = _kkt_per_cell(net, X, y, mask, cells)
+    fits = _kkt_per_cell(net, X, y, mask, cells, progress=lambda it, of: step(1 + it))
+    step(1 + KKT_ITERS)
     th = kkt.theory_check(net, X, y, I_tight, d=d_true)  # Cor 4.1 on the exact margin set (A13)
+    step(2 + KKT_ITERS)
     rob_radius, rob_c = robust(X, y, mask, d_true, z_hat)
+    step(ANALYSIS_STEPS)
     qv = q.masked_fill(~mask, math.nan)
     out = []
     for e, c in enumerate(cells):

@@ -70,7 +70,14 @@ def build(cells: list[dict]):
 def train_cells(cells: list[dict], device: torch.device | str = "cpu", progress=None) -> list[dict]:
     """Train the bundle (one schedule per bundle) on ``device`` in float64 and pack each cell at its
     true sizes (CPU tensors); ``progress`` the optional ``progress(done, of, loss)`` of
-    :func:`tasks.train.fixed_output.train_fixed_output`."""
+    :func:`tasks.train.fixed_output.train_fixed_output`.
+
+    A lone cell trains as a stack of two copies of itself, the second dropped: under
+    ``MKL_CBWR=AVX2,STRICT`` (deploy/runtime.py) MKL's batched dgemm gives a net the same bits at
+    any place in the stack, but a stack of one goes to plain dgemm, whose blocking differs in the
+    last bit, so the net trained alone would differ from itself bundled (issue 29 item 2)."""
+    if len(cells) == 1 and torch.device(device).type == "cpu":
+        return train_cells(cells * 2, device, progress)[:1]
     c0 = cells[0]
     linear = c0["model"] == "linear"
     W0, u, X, y, mask, states = build(cells)

@@ -22,11 +22,12 @@ def generators(states: torch.Tensor) -> list[torch.Generator]:
     return out
 
 
-def attack(W, b, v, X, y, mask, d, m, rng_states, cells: list[dict]) -> list[dict]:
+def attack(W, b, v, X, y, mask, d, m, rng_states, cells: list[dict], progress=None) -> list[dict]:
     """W (E,k,d), b, v (E,k), X (E,m,d), y (E,m), mask (E,m), d, m (E,) true sizes, rng_states
     (E,n) as stored by ``train``; ``cells`` give slack, attack, kkt_max_m (one slack and attack per
-    bundle). Padding is zeros, as ``nonrobust`` pads; padded labels are set to 1 as there."""
+    bundle). Padding is zeros, as ``nonrobust`` pads; padded labels are set to 1 as there. ``progress``
+    (optional): ``analyse``'s, ``progress(done, ANALYSIS_STEPS)`` (the KKT fit's iterations, mostly)."""
     net = nets.TwoLayer(W.double(), b.double(), v.double())
     y = torch.where(mask, y.double(), torch.ones_like(y, dtype=torch.float64))
     full = [dict(c, d=int(d[e]), m=int(m[e]), alpha=1.0) for e, c in enumerate(cells)]
-    return analyse(net, X.double(), y, mask, full, generators(rng_states))
+    return analyse(net, X.double(), y, mask, full, generators(rng_states), progress=progress)

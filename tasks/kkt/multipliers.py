@@ -33,11 +33,17 @@ def gram(net: TwoLayer, X, y) -> torch.Tensor:
     return y.unsqueeze(2) * y.unsqueeze(1) * K
 
 
-def nnls(Q: torch.Tensor, r: torch.Tensor, mask: torch.Tensor, iters: int = 3000, tol: float = 1e-12):
+PROGRESS_EVERY = 100  # FISTA iterations between two calls of ``nnls``'s ``progress``
+
+
+def nnls(Q: torch.Tensor, r: torch.Tensor, mask: torch.Tensor, iters: int = 3000, tol: float = 1e-12,
+         progress=None):
     """min_{λ>=0, λ=0 off mask} ½λᵀQλ - rᵀλ for a batch: Q (E,n,n), r (E,n). FISTA + restart.
 
     Every net keeps its own momentum and stops on its own: a net's λ is the same whatever other
-    nets share the batch (no number depends on its bundle mates)."""
+    nets share the batch (no number depends on its bundle mates). ``progress`` (optional): called as
+    ``progress(iterations done, iters)`` every :data:`PROGRESS_EVERY` iterations and at the end (all
+    nets converged: ``iters`` at once)."""
     mm = mask.unsqueeze(1) & mask.unsqueeze(2)
     Q = torch.where(mm, Q, torch.zeros_like(Q))
     r = torch.where(mask, r, torch.zeros_like(r))
@@ -46,7 +52,9 @@ def nnls(Q: torch.Tensor, r: torch.Tensor, mask: torch.Tensor, iters: int = 3000
     z = lam.clone()
     t = torch.ones(r.shape[0], dtype=r.dtype, device=r.device)
     active = torch.ones(r.shape[0], dtype=torch.bool, device=r.device)
-    for _ in range(iters):
+    for it in range(iters):
+        if progress is not None and it % PROGRESS_EVERY == 0:
+            progress(it, iters)
         grad = torch.bmm(Q, z.unsqueeze(-1)).squeeze(-1) - r
         new = (z - grad / L.unsqueeze(-1)).clamp_min(0).masked_fill(~mask, 0)
         new = torch.where(active.unsqueeze(-1), new, lam)  # converged nets stay where they stopped
@@ -59,6 +67,8 @@ def nnls(Q: torch.Tensor, r: torch.Tensor, mask: torch.Tensor, iters: int = 3000
         active = active & (step > tol * lam.abs().amax(-1).clamp_min(1))
         if not bool(active.any()):
             break
+    if progress is not None:
+        progress(iters, iters)
     return lam
 
 
@@ -75,8 +85,9 @@ class KKTFit:
         return KKTFit(*(getattr(self, f.name)[e] for f in dataclasses.fields(self)))
 
 
-def kkt_fit(net: TwoLayer, X, y, valid: torch.Tensor, iters: int = 3000) -> KKTFit:
-    """Fit λ and measure the KKT residuals of θ̂ = θ/√q_min (spec §2.11), batched over E."""
+def kkt_fit(net: TwoLayer, X, y, valid: torch.Tensor, iters: int = 3000, progress=None) -> KKTFit:
+    """Fit λ and measure the KKT residuals of θ̂ = θ/√q_min (spec §2.11), batched over E;
+    ``progress``: :func:`nnls`'s."""
     q = margins(net, X, y)
     q_min = q.masked_fill(~valid, math.inf).min(1).values
     s = 1 / torch.sqrt(q_min.clamp_min(torch.finfo(q.dtype).tiny))
@@ -84,7 +95,7 @@ def kkt_fit(net: TwoLayer, X, y, valid: torch.Tensor, iters: int = 3000) -> KKTF
     q_hat = q / q_min.unsqueeze(1)
     Q = gram(hat, X, y)
     r = 2 * q_hat
-    lam = nnls(Q, r, valid, iters=iters)
+    lam = nnls(Q, r, valid, iters=iters, progress=progress)
     th2 = hat.sq_norm()
     fit2 = -2 * (r * lam).sum(1) + (lam * torch.bmm(Q, lam.unsqueeze(-1)).squeeze(-1)).sum(1)
     eps = torch.sqrt((th2 + fit2).clamp_min(0)) / torch.sqrt(th2)
