@@ -38,6 +38,7 @@ import os
 
 GPU_RESOURCE = {"GPU": 1}
 WORKER_PRELOAD = "deploy.worker_exit"
+API_RETRY_PRELOAD = "deploy.api_retry"  # task runs ride out a restart of the Prefect server
 
 
 def task_runner(runner: dict):
@@ -59,7 +60,8 @@ def task_runner(runner: dict):
     # deploy/worker_exit.py: a closed worker process exits at once (no forced kill after 4 s at teardown)
     # ($KKTLAB_WORKER_FAST_EXIT=0: the old teardown, for benchmarks/orchestration_overhead.py --served's "before")
     fast_exit = os.environ.get("KKTLAB_WORKER_FAST_EXIT", "1") != "0"
-    common = {"host": "127.0.0.1", "dashboard_address": "127.0.0.1:0", **({"preload": [WORKER_PRELOAD]} if fast_exit else {})}
+    preload = [*([WORKER_PRELOAD] if fast_exit else []), API_RETRY_PRELOAD]
+    common = {"host": "127.0.0.1", "dashboard_address": "127.0.0.1:0", "preload": preload}
     if kind == "cuda":
         return DaskTaskRunner(cluster_class="dask_cuda.LocalCUDACluster",
                               cluster_kwargs={**common, "threads_per_worker": runner["threads_per_worker"],

@@ -50,7 +50,8 @@ def worker_args(address: str, name: str | None = None, host: str = "127.0.0.1", 
                 n: int = 1) -> list[str]:
     """``n`` single-threaded worker processes (bundles are already batched tensor problems)."""
     args = [f"{BIN}/dask", "worker", address, "--host", host, "--nworkers", str(n), "--nthreads", "1",
-            "--dashboard-address", f"{host}:0", "--preload", "deploy.worker_exit"]
+            "--dashboard-address", f"{host}:0", "--preload", "deploy.worker_exit",
+            "--preload", "deploy.api_retry"]
     if name:
         args += ["--name", name]
     if gpu:

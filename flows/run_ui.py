@@ -12,6 +12,7 @@ server that does not answer never stops a sweep."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
@@ -50,6 +51,16 @@ def _client():
     from prefect.client.orchestration import get_client
 
     return get_client(sync_client=True)
+
+
+def _at_once():
+    """Prefect's client settings for a call that is skipped, not retried, while the server is away
+    (an update made again at the next progress line): no retries and no backoff. The calls made
+    once per run (the name, the cards' creation, the summary) keep Prefect's retries, which ride
+    out a restart of the server in a served run (deploy/api_retry.py)."""
+    from prefect.settings import PREFECT_CLIENT_MAX_RETRIES, temporary_settings
+
+    return temporary_settings(updates={PREFECT_CLIENT_MAX_RETRIES: 0})
 
 
 def root_run() -> tuple[str | None, dict]:
@@ -104,12 +115,15 @@ class StageCards:
             pass
 
     def update(self, percent: float, line: str) -> None:
+        """Best effort and at once: a server that does not answer skips this update (the next one
+        puts the card right), it never holds up the sweep; the last one (100%) waits as long as
+        Prefect's retries do."""
         if not self.ids:
             return
         from prefect.client.schemas.actions import ArtifactUpdate
 
         try:
-            with _client() as client:
+            with (_at_once() if percent < 100.0 else contextlib.nullcontext()), _client() as client:
                 if "progress" in self.ids:
                     client.update_artifact(self.ids["progress"], ArtifactUpdate(data=percent, description=line))
                 if "markdown" in self.ids:

@@ -19,10 +19,11 @@ def submit(config_path: str, store: str | None = None, overrides: dict | None = 
     (``kktlab submit --verbose``): the local cluster's and prefect-dask's INFO lines in the logs;
     ``wait`` (``kktlab submit --wait``): wait for another run computing one of its groups instead of
     failing (storage/runlock.py)."""
-    from deploy import runtime
+    from deploy import api_retry, runtime
     from flows import config as config_mod
     from flows.sweep import run
 
+    api_retry.install()  # the run's fresh Prefect clients ride out a restart of the server (deploy/api_retry.py)
     runtime.quiet_env(verbose)
     runtime.quiet_logs(verbose)
     cfg = config_mod.load(config_path, overrides or {})

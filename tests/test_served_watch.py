@@ -1,8 +1,9 @@
 """Served mode a lab can leave overnight (issue 30).
 
-- A: ``kktlab submit --watch`` rides out a restart of a real ``prefect server start`` (same port,
-  same SQLite database) and ends with the run's true final state and its exit code; a server that stays
-  lost past the bound ends in one line (the URL, ``kktlab status STORE``) and exit 4, no traceback;
+- A: a served run and ``kktlab submit --watch`` ride out a restart of a real ``prefect server start``
+  (same port, same SQLite database): the run ends Completed, the watch says so and exits 0; a server
+  that stays lost past the bound ends in one line (the URL, ``kktlab status STORE``) and exit 4, no
+  traceback;
 - B: a stage's elapsed time and ETA count from its first running bundle (fake clock);
 - C: a run's root flow run is named ``<config> @ <store>`` and tagged; it holds exactly one progress
   card per stage (updated in place), a table of the stages' counts and the store path with the
@@ -115,7 +116,7 @@ def test_watch_rides_out_a_server_restart(cli, tmp_path, write_config):
     try:
         dep = cli.run("deploy", "--pool", "kktlab-watch", env=env, timeout=180)
         assert dep.returncode == 0, dep.stderr[-2000:]
-        wenv = dict(env, PREFECT_CLIENT_MAX_RETRIES="10")  # the flow run's own calls ride out the restart too
+        wenv = dict(env)  # Prefect's default client retries, as `make worker` has them (deploy/api_retry.py)
         worker = launch.start([f"{launch.BIN}/prefect", "worker", "start", "--pool", "kktlab-watch", "--type",
                                "process"], tmp_path / "pworker.log", wenv)
         store = tmp_path / "watched.zarr"
@@ -145,14 +146,14 @@ def test_watch_rides_out_a_server_restart(cli, tmp_path, write_config):
         with temporary_settings(updates={PREFECT_API_URL: env["PREFECT_API_URL"]}):
             with get_client(sync_client=True) as client:
                 final = client.read_flow_run(run_id).state
-        assert final.is_final() and text.rstrip().count(f": {final.name}\n") + text.rstrip().endswith(final.name) >= 1
-        assert code == (0 if final.is_completed() else 1), (final.name, text[-4000:])
         print(f"the run across the server restart: {final.name}, --watch exit {code}")  # shown by pytest -rA
-        if final.is_completed():
-            assert "cells: 2/2 done" in text, text[-4000:]  # the summary tables, read from the store
-            assert _cells_done(store) == 4
-        else:  # Prefect's own engine in the run met the dead server (a fresh client does not retry ConnectError)
-            assert f"the flow run ended {final.name}" in text, text[-4000:]
+        # the run itself rides out the restart too: Prefect clients made while the server was away
+        # retry (deploy/api_retry.py), so it ends Completed and --watch says so with exit 0
+        assert final.is_completed(), (final.name, text[-4000:], (tmp_path / "pworker.log").read_text()[-4000:])
+        assert text.rstrip().count(f": {final.name}\n") + text.rstrip().endswith(final.name) >= 1
+        assert code == 0, (final.name, text[-4000:])
+        assert "cells: 2/2 done" in text, text[-4000:]  # the summary tables, read from the store
+        assert _cells_done(store) == 4
     finally:
         if watcher is not None and watcher.poll() is None:
             watcher.kill()
