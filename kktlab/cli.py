@@ -283,7 +283,7 @@ def cmd_show(args) -> int:
             raise UserError(f"group '{r.group}' of {args.store} is damaged ({_cells(r.damaged)}; {first}): "
                             f"`kktlab verify {args.store}` lists it all, `kktlab run` on its config repairs it")
     for g in [args.group] if args.group else groups(args.store):
-        ds = open_results(args.store, g)
+        ds = open_results(args.store, g, dask=False)
         print(f"== {g}")
         print(ds)
         print(json.dumps(provenance(ds), indent=1))

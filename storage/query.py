@@ -24,8 +24,9 @@ def groups(path: str | pathlib.Path) -> list[str]:
     return sorted(name for name, g in root.groups() if "kktlab_identity" in g.attrs)
 
 
-def open_results(path: str | pathlib.Path, group: str | None = None) -> xr.Dataset | xr.DataTree:
-    """The results of one experiment group as an xarray.Dataset (lazy, dask-backed).
+def open_results(path: str | pathlib.Path, group: str | None = None, dask: bool = True) -> xr.Dataset | xr.DataTree:
+    """The results of one experiment group as an xarray.Dataset (lazy, dask-backed; ``dask=False``:
+    lazily indexed NumPy arrays, no Dask).
 
     ``group`` may be left out when the store holds a single group (a config without stages):
     its Dataset. A store of several groups (the stages of a chain, one node per stage named after
@@ -36,11 +37,11 @@ def open_results(path: str | pathlib.Path, group: str | None = None) -> xr.Datas
         if not names:
             raise StoreError(f"{path} holds no experiment group")
         if len(names) > 1:
-            return xr.DataTree.from_dict({f"/{name}": open_dataset(path, name) for name in names})
+            return xr.DataTree.from_dict({f"/{name}": open_dataset(path, name, dask) for name in names})
         group = names[0]
     if group not in names:
         raise StoreError(f"{path} has no experiment group {group!r}; it has {names}")
-    return open_dataset(path, group)
+    return open_dataset(path, group, dask)
 
 
 def status(path: str | pathlib.Path) -> list[dict]:
