@@ -19,12 +19,13 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import math
+import os
 import time
 
 from core.errors import UserError
 from storage import bundle_progress as files
 
-EVERY_S = 10.0  # a bundle's progress file is rewritten at most this often
+EVERY_S = float(os.environ.get("KKTLAB_PROGRESS_EVERY_S", "10"))  # a bundle's progress file is rewritten at most this often
 CANCEL_CHECK_S = 1.0  # a cancel request is looked for at most this often
 
 

@@ -263,8 +263,9 @@ class Scheduler:
             st, bundle, ckpt, cpath = self.futures[fut]
             try:
                 results = fut.result()
-            except BundleCancelled as err:
-                raise UserError(f"{err}: the cells stored stay, checkpoints are kept; the same command resumes") from err
+            except BundleCancelled as err:  # still a UserError; the served flow ends Cancelled on it (flows/served.py)
+                raise BundleCancelled(f"{err}: the cells stored stay, checkpoints are kept; the same command "
+                                      "resumes") from err
             except UserError as err:  # bad input: not retried
                 cells = ", ".join(json.dumps(cell, default=str) for _, cell in bundle[:2])
                 raise UserError(f"a bundle of {len(bundle)} cells of stage '{st.cfg.name}' failed on bad input "

@@ -21,6 +21,7 @@ def submit(config_path: str, store: str | None = None, overrides: dict | None = 
     failing (storage/runlock.py)."""
     from deploy import api_retry, runtime
     from flows import config as config_mod
+    from flows.bundle_progress import BundleCancelled
     from flows.sweep import run
 
     api_retry.install()  # the run's fresh Prefect clients ride out a restart of the server (deploy/api_retry.py)
@@ -28,7 +29,12 @@ def submit(config_path: str, store: str | None = None, overrides: dict | None = 
     runtime.quiet_logs(verbose)
     cfg = config_mod.load(config_path, overrides or {})
     path = cfg.store_path(store)
-    stats = run(cfg, path, force=force, wait=wait)
+    try:
+        stats = run(cfg, path, force=force, wait=wait)
+    except BundleCancelled as err:  # `kktlab cancel`: this run ends Cancelled (not Failed), whoever stopped it
+        from prefect.states import Cancelled
+
+        return Cancelled(message=str(err))
     for st in stats if isinstance(stats, list) else [stats]:  # a chain: one per stage
         print(f"kktlab: {st['written']} cells written to {path} group {st['group']} "
               f"({st['done_before']} were done before, {st['total']} in all)")

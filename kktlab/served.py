@@ -304,11 +304,12 @@ CANCEL_WAIT_S = float(os.environ.get("KKTLAB_CANCEL_WAIT_S", "60"))  # how long 
 
 
 def cmd_cancel(args) -> int:
-    """Stop the run computing ``store`` (issue 30 item 1): its bundles are asked to stop (the group's
-    cancel request, which every worker, local or at an ``address``, sees at its next progress report:
-    flows/bundle_progress.py), its Prefect flow run is set Cancelling (a Prefect worker then stops
-    the flow process, and with it a local Dask cluster); waits until the run has let go of its
-    groups. Checkpoints and stored cells stay: the same run / submit command resumes."""
+    """Stop the run computing ``store`` (issue 30 item 1): its Prefect flow run is set Cancelling
+    first (the server then lets it end only Cancelled; a Prefect worker stops the flow process, and
+    with it a local Dask cluster), then its bundles are asked to stop (the group's cancel request,
+    which every worker, local or at an ``address``, sees at its next progress report:
+    flows/bundle_progress.py; a run they stop ends itself Cancelled: flows/served.py); waits until
+    the run has let go of its groups. Checkpoints and stored cells stay: the same run / submit resumes."""
     import pathlib
 
     from storage import bundle_progress, runlock
@@ -319,14 +320,13 @@ def cmd_cancel(args) -> int:
     if not held:
         print(f"kktlab: no run computes {store} now; nothing to cancel")
         return 0
-    runs = {}
+    runs = {info["flow_run_id"]: info.get("flow_run_url") or info["flow_run_id"]
+            for info in held.values() if info.get("flow_run_id")}
+    for run_id, where in runs.items():  # first: the server then lets it end only Cancelled
+        print(f"kktlab: flow run {where}: {_cancel_flow_run(run_id, where)}", flush=True)
     for group, info in held.items():
         bundle_progress.request_cancel(store, group, "kktlab cancel")
         print(f"kktlab: group '{group}': its bundles are asked to stop ({runlock.describe(info)})", flush=True)
-        if info.get("flow_run_id"):
-            runs[info["flow_run_id"]] = info.get("flow_run_url") or info["flow_run_id"]
-    for run_id, where in runs.items():
-        print(f"kktlab: flow run {where}: {_cancel_flow_run(run_id, where)}", flush=True)
     deadline = time.monotonic() + CANCEL_WAIT_S
     while time.monotonic() < deadline and any(runlock.held_by(store, g) is not None for g in held):
         time.sleep(0.5)

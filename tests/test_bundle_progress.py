@@ -176,6 +176,25 @@ def test_a_long_bundle_shows_its_progress_while_it_runs_and_kktlab_cancel_stops_
     assert files.cancel_requested(store, "long")  # kept for workers still to see it; the next run clears it
 
 
+def test_a_served_run_whose_bundles_a_cancel_request_stopped_ends_cancelled(tmp_path, monkeypatch):
+    """flows/served.py: a cancel request that stops the bundles before the Prefect worker stops the
+    flow process (or with no worker acting on Cancelling at all) ends the run Cancelled, not Failed;
+    tests/test_served_cancel.py cancels a served run end to end."""
+    import yaml
+
+    from flows import served, sweep
+
+    def stopped(*_, **__):
+        raise rep_mod.BundleCancelled("run cancelled: group 'long' of s.zarr stopped (rerun to resume): the cells "
+                                      "stored stay, checkpoints are kept; the same command resumes")
+
+    monkeypatch.setattr(sweep, "run", stopped)
+    cfg = tmp_path / "long.yaml"
+    cfg.write_text(yaml.safe_dump(LONG))
+    state = served.submit.fn(str(cfg), str(tmp_path / "long.zarr"))
+    assert state.is_cancelled() and state.message.startswith("run cancelled: group 'long'"), state
+
+
 def test_a_stored_bundles_progress_file_is_removed_and_the_others_kept(tmp_path):
     """The flow removes a bundle's progress file once its cells are stored (flows/chain.py ``_store``):
     the worker names it by the bundle's result-cache key, the flow by the stem of the receipt's path."""
