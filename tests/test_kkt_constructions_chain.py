@@ -62,10 +62,19 @@ def test_F004_3_stored_checks_equal_a_recomputation(ran):
     from storage.query import load_nets, open_results
     from tasks.cells import kkt_constructions as cell_fn
 
+    import torch
+
     ds = open_results(ran / "chain.zarr", "constructions").load()
-    for d in (10, 30):
-        n = load_nets(ran / "chain.zarr", "nets", d=d)
-        again = cell_fn.run(n.W, n.b, n.v, n.X, n.y, n.d, n.m, n.width, [4])[0]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as on a worker (deploy/dask.py): MKL's threaded dgemm splits the sums otherwise
+    try:
+        again_by_d = {}
+        for d in (10, 30):
+            n = load_nets(ran / "chain.zarr", "nets", d=d)
+            again_by_d[d] = cell_fn.run(n.W, n.b, n.v, n.X, n.y, n.d, n.m, n.width, [4])[0]
+    finally:
+        torch.set_num_threads(threads)
+    for d, again in again_by_d.items():
         sel = ds.sel(d=d, seed=0, n_ops=4)
         for k in ("b8", "exact_range", "op_residual", "far_dist", "sigma_d", "gamma_ud", "eps_rel"):
             np.testing.assert_allclose(np.atleast_1d(np.asarray(again[k], dtype=float)),
