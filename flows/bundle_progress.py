@@ -191,3 +191,10 @@ def for_kernel(rep, base: int = 0, total: int | None = None, target: float | Non
         rep(steps=base + int(done), total=base + int(of) if total is None else total, loss=log10, target=target)
 
     return progress
+
+
+def per_cell(steps: list[int]) -> list:
+    """One :func:`for_kernel` callable per cell of a bundle whose cells run one after another, cell
+    ``i`` taking ``steps[i]`` steps: the bundle's count goes on from cell to cell to their sum."""
+    rep = current()
+    return [for_kernel(rep, base=sum(steps[:i]), total=sum(steps)) for i in range(len(steps))]

@@ -23,8 +23,8 @@ def check_prefect_api() -> None:
 
 
 FLOW_COMMANDS = ("run", "submit", "cancel", "deploy")  # the commands that import Prefect (the readers start in ~1 s)
-SHOWN_DAMAGED = 5
-SHOW_ROWS = 200  # rows of `show`'s table before it averages over the last axes (--all: every cell)  # damaged cells named by status, show and run (verify names them all)
+SHOWN_DAMAGED = 5  # damaged cells named by status, show and run (verify names them all)
+SHOW_ROWS = 200  # rows of `show`'s table before it averages over the last axes (--all: every cell)
 
 
 def _declared(experiment: str) -> tuple[str, ...]:

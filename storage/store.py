@@ -271,10 +271,9 @@ class Store:
                 got = [content_hash(stored[int(i)]) for i in cells]
             for i, h in zip(cells, got):
                 hashes[i] = int(h)
-        written = np.flatnonzero(ok)
-        if schema.CELL_HASH in self._group_rw and len(written):  # after the values, before done
-            blocks.write_points(self._array(schema.CELL_HASH), points[written],
-                                np.asarray([hashes[i] for i in written], dtype=np.int64), schema.NO_HASH)
+        if schema.CELL_HASH in self._group_rw and len(cells):  # after the values, before done
+            blocks.write_points(self._array(schema.CELL_HASH), points[cells],
+                                np.asarray([hashes[i] for i in cells], dtype=np.int64), schema.NO_HASH)
         return hashes
 
     def holds(self, written: list[tuple[tuple[int, ...], int]]) -> bool:

@@ -12,9 +12,9 @@ from tasks.cells.calibrate import busy
 
 def run_bundle(cells: list[dict], device: str = "cpu") -> list[dict]:
     """The bundle reports its matmuls done of all its cells' (issue 30); a cancel request stops it there."""
-    rep, counts, out = bundle_progress.current(), [int(c["n_matmuls"]) for c in cells], []
-    for i, c in enumerate(cells):  # the work of a cell is sequential by design: it is the unit being timed
-        progress = bundle_progress.for_kernel(rep, base=sum(counts[:i]), total=sum(counts))
+    out = []
+    # the work of a cell is sequential by design: it is the unit being timed
+    for c, progress in zip(cells, bundle_progress.per_cell([int(c["n_matmuls"]) for c in cells])):
         t0 = time.perf_counter()
         checksum = busy(c["n_matmuls"], c["seed"], progress=progress)
         out.append({"checksum": checksum, "wall_s": time.perf_counter() - t0})

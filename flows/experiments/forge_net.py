@@ -89,12 +89,11 @@ def run_bundle(cells: list[dict], device: str = "auto", inputs=None) -> list[dic
     fgs = [forgotten[e, :int(n.m[e])] > 0.5 if forgotten is not None else torch.zeros(int(n.m[e]), dtype=torch.bool)
            for e in range(len(cells))]
     counts = [int(cell_fn.measured_points(fg, c["points"]).sum()) for fg, c in zip(fgs, cells)]
-    rep, out = bundle_progress.current(), []
-    for e, (cell, fg) in enumerate(zip(cells, fgs)):
+    # the bundle's measured points done of all of them (issue 30); a cancel request stops it there
+    progresses, out = bundle_progress.per_cell(counts), []
+    for e, (cell, fg, progress) in enumerate(zip(cells, fgs, progresses)):
         k, d, m = int(n.width[e]), int(n.d[e]), int(n.m[e])
         own = {key: cell[key] for key in P}
-        # the bundle's measured points done of all of them (issue 30); a cancel request stops it there
-        progress = bundle_progress.for_kernel(rep, base=sum(counts[:e]), total=sum(counts))
         out.append(cell_fn.measure_net(n.W[e, :k, :d], n.b[e, :k], n.v[e, :k], n.X[e, :m, :d], n.y[e, :m], fg,
                                        trained_blocks(n, e), own, n.cells[e], progress=progress))
     return out

@@ -44,11 +44,8 @@ def extra_dims(cells: list[dict]) -> dict[str, int]:
 def run_bundle(cells: list[dict], device: str = "auto") -> list[dict]:
     """One dict of stored variables per cell (CPU float64; ``device`` is accepted and ignored). The
     bundle reports its SGD updates done of all its cells' (issue 30); a cancel request stops it there."""
-    rep, counts, out = bundle_progress.current(), [int(c["n_updates"]) for c in cells], []
-    for i, c in enumerate(cells):
-        progress = bundle_progress.for_kernel(rep, base=sum(counts[:i]), total=sum(counts))
-        out.append(forging_sgd_cell(**{k: c[k] for k in P}, progress=progress))
-    return out
+    return [forging_sgd_cell(**{k: c[k] for k in P}, progress=progress)
+            for c, progress in zip(cells, bundle_progress.per_cell([int(c["n_updates"]) for c in cells]))]
 
 
 EXPERIMENT = register(Experiment(
