@@ -26,6 +26,10 @@
   ``GPU=1`` so GPU bundles only go to GPU workers (``pip install -e .[gpu]``);
 - ``inline``: no Dask, bundles run in threads of the flow process (debugging).
 
+``$KKTLAB_DASK_ADDRESS`` (a ``tcp://host:port`` that answers, e.g. one left by ``make dask-scheduler``
+and ``make dask-worker``): a ``local`` runner attaches to that scheduler instead of starting a
+LocalCluster (5-8 s of a short run's start and close; the test suite shares one cluster this way).
+
 Torch uses one thread per worker process (``OMP_NUM_THREADS=1`` from the nanny plus
 ``torch.set_num_threads(1)`` in the task), else 2-core machines crawl (STACK.md §4).
 """
@@ -41,9 +45,22 @@ WORKER_PRELOAD = "deploy.worker_exit"
 API_RETRY_PRELOAD = "deploy.api_retry"  # task runs ride out a restart of the Prefect server
 
 
+ATTACH_ENV = "KKTLAB_DASK_ADDRESS"
+
+
+def attached(runner: dict) -> dict:
+    """``runner`` with a ``local`` cluster swapped for the scheduler at ``$KKTLAB_DASK_ADDRESS``, if set."""
+    address = os.environ.get(ATTACH_ENV, "")
+    if runner["cluster"] != "local" or not address:
+        return runner
+    return dict(runner, cluster="address", address=address)
+
+
 def task_runner(runner: dict):
     """The Prefect task runner for a validated ``runner`` block."""
     import dask
+
+    runner = attached(runner)
 
     # no statistical profiler on workers we start (it costs ~10% of a Python-heavy kernel);
     # for external `dask worker`s set DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=False
@@ -78,6 +95,7 @@ def worker_count(runner: dict) -> int:
     and inline runners, the visible GPUs for ``cuda``, and for an ``address`` the worker threads
     the scheduler has now (at least 1: workers that join later, e.g. SLURM jobs still queued,
     still get bundles, just larger ones)."""
+    runner = attached(runner)
     kind = runner["cluster"]
     if kind in ("local", "inline"):
         return runner["workers"]

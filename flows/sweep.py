@@ -168,6 +168,7 @@ def run_bundle(experiment: str, cells: list[dict], device: str, checkpoint: str 
 
     torch.set_num_threads(1)
     exp = experiments.get(experiment)
+    wait_at_gate()
     if target and _free_bytes(target["store"]) < MIN_FREE:  # a full disk: nothing to compute for
         return [{NO_ROOM: os.strerror(errno.ENOSPC)}] * len(cells)
     try:
@@ -185,6 +186,24 @@ def run_bundle(experiment: str, cells: list[dict], device: str, checkpoint: str 
             raise
         return [{NO_ROOM: os.strerror(err.errno)}] * len(cells)
     return results
+
+
+GATE_ENV = "KKTLAB_GATE"
+
+
+def wait_at_gate(poll_s: float = 0.05) -> None:
+    """``$KKTLAB_GATE`` names a file: while it exists, every bundle of the run waits here before it
+    computes, after creating ``<file>.reached``. How a test (or an operator) holds a run at a point it
+    controls (to kill it, refuse a second run, cancel it, kill its worker) and lets it go by deleting
+    the file; unset, nothing waits."""
+    gate = os.environ.get(GATE_ENV)
+    if not gate or not os.path.exists(gate):
+        return
+    import time
+
+    pathlib.Path(gate + ".reached").touch()
+    while os.path.exists(gate):
+        time.sleep(poll_s)
 
 
 # A bundle whose writes the file system refused returns the receipt NO_ROOM (flows/result_cache.py).

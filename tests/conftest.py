@@ -36,19 +36,110 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+class Services:
+    """The session's real services, each started on first use and stopped at the session's end: one
+    embedded Prefect server (its URL exported, so subprocesses and Dask workers report to it) and one
+    Dask LocalCluster of 2 worker processes with kktlab's worker settings (deploy/dask.py), which
+    ``kktlab run`` attaches to through ``$KKTLAB_DASK_ADDRESS`` instead of starting its own."""
+
+    def __init__(self):
+        import contextlib
+
+        self.stack = contextlib.ExitStack()
+        self.url = self.address = None
+
+    def prefect(self) -> str:
+        if self.url is None:
+            self.url = self.stack.enter_context(runtime.prefect_api())
+        return self.url
+
+    def dask(self) -> str:
+        if self.address is None:
+            self.prefect()  # the workers inherit $PREFECT_API_URL: they report to the session's server
+            from distributed import LocalCluster
+
+            from deploy.dask import API_RETRY_PRELOAD, WORKER_PRELOAD
+
+            cluster = self.stack.enter_context(LocalCluster(
+                n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                dashboard_address="127.0.0.1:0", preload=[WORKER_PRELOAD, API_RETRY_PRELOAD]))
+            self.address = cluster.scheduler_address
+        return self.address
+
+
+SERVICES = Services()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stop_services():
+    yield
+    SERVICES.stack.close()
+
+
 @pytest.fixture(scope="session")
 def prefect_server():
     """A real embedded Prefect API server on 127.0.0.1 for the whole session; its URL is
     exported so subprocesses (kktlab run, Dask workers) report to it."""
-    with runtime.prefect_api() as url:
-        yield url
+    return SERVICES.prefect()
 
 
-def _run_cli(*args, env=None, timeout=600, **kw) -> subprocess.CompletedProcess:
-    """Run ``python -m kktlab.cli ARGS`` in the repo root, capturing output."""
+@pytest.fixture(scope="session")
+def dask_address(prefect_server):
+    """The session's Dask scheduler (tcp://127.0.0.1:port; 2 worker processes)."""
+    return SERVICES.dask()
+
+
+FLOW_RUNS = ("run",)  # commands run in-process by cli.run: they attach to the session's services
+
+
+def _run_cli(*args, env=None, timeout=600, process=False, **kw) -> subprocess.CompletedProcess:
+    """Run the kktlab command line ``ARGS`` in the repo root, capturing output. ``kktlab run`` runs
+    in this process (no 10 s of imports) on the session's Prefect server and Dask cluster, unless
+    ``process`` or ``env`` is given: then, as every other command, it is ``python -m kktlab.cli ARGS``
+    in a subprocess (still on the session's services when ``env`` is not given)."""
+    args = tuple(map(str, args))
+    if not process and env is None and not kw and args and args[0] in FLOW_RUNS:
+        return _run_here(args)
     full_env = dict(os.environ, **(env or {}))
-    return subprocess.run([*KKTLAB, *map(str, args)], cwd=ROOT, env=full_env, capture_output=True,
+    if env is None and args and args[0] in FLOW_RUNS:
+        full_env.setdefault("KKTLAB_DASK_ADDRESS", SERVICES.dask())
+    return subprocess.run([*KKTLAB, *args], cwd=ROOT, env=full_env, capture_output=True,
                           text=True, timeout=timeout, **kw)
+
+
+def _run_here(args: tuple[str, ...]) -> subprocess.CompletedProcess:
+    """``kktlab ARGS`` as :func:`kktlab.cli.main` in this process, with what a process would give:
+    stdout, stderr, the exit status (an uncaught exception printed as the interpreter prints it,
+    status 1); the environment, working directory and signal handlers are put back afterwards."""
+    import contextlib
+    import io
+    import signal
+    import traceback
+
+    from kktlab import cli as kcli
+
+    SERVICES.prefect()
+    saved_env, saved_cwd = dict(os.environ), os.getcwd()
+    saved_signals = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    os.environ["KKTLAB_DASK_ADDRESS"] = SERVICES.dask()
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        os.chdir(ROOT)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                rc = kcli.main(list(args))
+            except SystemExit as exc:
+                rc = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            except Exception:  # noqa: BLE001 - what the interpreter would print
+                traceback.print_exc()
+                rc = 1
+    finally:
+        os.chdir(saved_cwd)
+        os.environ.clear()
+        os.environ.update(saved_env)
+        for sig, handler in saved_signals.items():
+            signal.signal(sig, handler)
+    return subprocess.CompletedProcess([*KKTLAB, *args], rc or 0, out.getvalue(), err.getvalue())
 
 
 def _run_killed(config, store, until, env=None, timeout: float = 300) -> None:

@@ -101,9 +101,13 @@ def test_wait_waits_for_the_holder_then_holds(tmp_path, holder_proc):
 
 # --- end to end: the real CLI twice on one store -----------------------------------------------------
 
-CFG = {"experiment": "nonrobust", "name": "twice", "grid": {"seed": list(range(4))},
-       "params": {"d": 12, "width": 48, "lr0": 0.01, "lr_period": 10, "target_loss": 1.0e-20},
+CFG = {"experiment": "nonrobust", "name": "twice", "grid": {"seed": list(range(2))},
+       "params": {"d": 8, "width": 8, "lr0": 0.01, "lr_period": 10, "target_loss": 1.0e-6},
        "runner": {"cluster": "inline", "workers": 1, "bundle_size": 1}}
+
+
+def _said_waiting(log) -> bool:
+    return "waiting for the run computing group" in log.read_text()
 
 
 def _flow_started(store, group) -> bool:
@@ -114,22 +118,30 @@ def _flow_started(store, group) -> bool:
 @pytest.mark.requires_services
 def test_a_second_run_of_the_same_config_is_refused_and_wait_computes_nothing(cli, write_config, tmp_path,
                                                                               prefect_server):
-    path, store = write_config(CFG), tmp_path / "s.zarr"
+    path, store, gate = write_config(CFG), tmp_path / "s.zarr", tmp_path / "gate"
+    gate.touch()  # the first run's bundles wait at the gate (flows/sweep.py wait_at_gate) until the test lifts it
     first = subprocess.Popen([*cli.argv, "run", str(path), "--store", str(store), "--json", str(tmp_path / "a.json")],
-                             cwd=cli.root, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                             cwd=cli.root, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                             env=dict(os.environ, KKTLAB_GATE=str(gate)))
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and first.poll() is None and not _flow_started(store, "twice"):
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and first.poll() is None and not (
+                _flow_started(store, "twice") and (tmp_path / "gate.reached").exists()):
             time.sleep(0.05)
         rec = runlock.holder(store, "twice")
         assert rec.get("pid") == first.pid, first.stderr.read() if first.poll() is not None else rec
         assert rec["flow_run_url"].startswith(prefect_server.rstrip("/").removesuffix("/api") + "/runs/flow-run/")
         waiter = subprocess.Popen([*cli.argv, "run", str(path), "--store", str(store), "--wait",
                                    "--json", str(tmp_path / "c.json")], cwd=cli.root, stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.PIPE, text=True)
+                                  stderr=(tmp_path / "c.log").open("w"), text=True)
         second = cli.run("run", path, "--store", store, "--json", tmp_path / "b.json", timeout=120)
-        assert first.poll() is None, "the first run ended before the second was refused: make CFG longer"
-        _, waited = waiter.communicate(timeout=120)
+        assert first.poll() is None, "the first run ended at its gate"
+        deadline = time.monotonic() + 120  # the waiter has said it waits before the gate lifts
+        while time.monotonic() < deadline and waiter.poll() is None and not _said_waiting(tmp_path / "c.log"):
+            time.sleep(0.05)
+        gate.unlink()
+        waiter.wait(timeout=120)
+        waited = (tmp_path / "c.log").read_text()
         _, err = first.communicate(timeout=120)
     finally:
         for proc in (first, locals().get("waiter")):
@@ -142,11 +154,11 @@ def test_a_second_run_of_the_same_config_is_refused_and_wait_computes_nothing(cl
     assert not (tmp_path / "b.json").exists()
     assert first.returncode == 0, err[-3000:]
     stats = json.loads((tmp_path / "a.json").read_text())
-    assert (stats["written"], stats["computed"], stats["from_cache"], stats["refused_done"]) == (4, 4, 0, 0), stats
+    assert (stats["written"], stats["computed"], stats["from_cache"], stats["refused_done"]) == (2, 2, 0, 0), stats
     assert waiter.returncode == 0, waited[-3000:]
     assert f"waiting for the run computing group 'twice' of {store} (pid {first.pid}@" in waited
     stats = json.loads((tmp_path / "c.json").read_text())
-    assert (stats["written"], stats["computed"], stats["done_before"]) == (0, 0, 4), stats
+    assert (stats["written"], stats["computed"], stats["done_before"]) == (0, 0, 2), stats
 
 
 # --- the lock before any server (kktlab run), and kktlab submit ----------------------------------------
