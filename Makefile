@@ -25,7 +25,7 @@ PREFECT_API_URL ?= http://127.0.0.1:$(PPORT)/api
 # a worker asks the server for queued runs every 2 s (Prefect's default: 10 s)
 export PREFECT_WORKER_QUERY_SECONDS ?= 2
 
-.PHONY: venv install run test test-fast bench server worker deploy dask-scheduler dask-worker clean
+.PHONY: venv install run test test-fast test-paper test-durations bench server worker deploy dask-scheduler dask-worker clean
 
 $(BIN)/kktlab: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -38,11 +38,23 @@ venv install: $(BIN)/kktlab
 run: install
 	$(BIN)/kktlab run $(CONFIG)
 
+# the whole suite on 2 processes (pytest-xdist; a file's tests run in one, so its module fixtures are
+# made once); the paper-size checks are `make test-paper` (tests/README.md)
+XDIST   ?= -n 2 --dist loadfile
 test: install
-	$(BIN)/python -m pytest -q -ra --durations=15 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -ra --durations=15 $(XDIST) -m "not paper" $(PYTEST_ARGS)
 
 test-fast: install
-	$(BIN)/python -m pytest -q -ra -m "not slow and not requires_services" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -ra -m "not slow and not requires_services and not paper" $(PYTEST_ARGS)
+
+# paper-size variants of predictions make test checks at CI size (minutes to hours; a GPU machine helps)
+test-paper: install
+	$(BIN)/python -m pytest -q -ra --durations=15 -m paper $(PYTEST_ARGS)
+
+# every test's time, written to benchmarks/results/test_durations.json (and its top 30 printed)
+test-durations: install
+	$(BIN)/python -m pytest -q $(XDIST) -m "not paper" --junitxml=.test-durations.xml $(PYTEST_ARGS); \
+	$(BIN)/python benchmarks/test_durations.py .test-durations.xml
 
 bench: install
 	$(BIN)/python benchmarks/run_all.py

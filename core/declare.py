@@ -65,6 +65,9 @@ class Var:
     # What is stored past a cell's true size along the extra dims (e.g. 0.0: zero-padded nets);
     # None: the fill value (NaN, -1). An empty value (size 0) is "not stored": all fill.
     pad: float | None = None
+    # For a status variable: a name per value (e.g. ((1, "done"), (2, "diverged"))), for the counts of
+    # cells left out by status that `kktlab status` and the run summary print.
+    labels: tuple[tuple[int, str], ...] = ()
 
 
 Cell = dict[str, Any]
@@ -89,10 +92,12 @@ class NetsContract:
     trainer: str = ""
     data: str = ""
     single: bool = True  # False: the cell measured many nets and stores none (unlearn's forget = -2)
+    fixed: frozenset = frozenset()  # blocks held at a non-zero value without training (adv_train's bias)
 
     def describe(self) -> str:
         arrays = ", ".join(sorted(self.arrays)) or "no test set, init or forgotten indices"
-        return (f"nets of '{self.trainer}' (trained {'+'.join(b for b in BLOCKS if b in self.trained)}, "
+        fixed = "".join(f", {b} fixed non-zero" for b in BLOCKS if b in self.fixed)
+        return (f"nets of '{self.trainer}' (trained {'+'.join(b for b in BLOCKS if b in self.trained)}{fixed}, "
                 f"output {self.output}; {arrays})")
 
 
@@ -106,6 +111,7 @@ class NetsNeeds:
     trainers: frozenset = frozenset()  # only nets of these experiments (empty: any)
     data: frozenset = frozenset()  # only nets trained on these data sets (empty: any)
     without: frozenset = frozenset()  # arrays the nets must not carry (e.g. unlearn: nothing forgotten yet)
+    unfixed: frozenset = frozenset()  # blocks that must be trained or zero, never fixed non-zero (unlearn: b)
     why: str = ""  # what the reader does that needs it, for the message
 
     def refusal(self, c: NetsContract) -> str:
@@ -122,6 +128,9 @@ class NetsNeeds:
         if self.trained and c.trained not in self.trained:
             want = " or ".join("+".join(b for b in BLOCKS if b in t) for t in self.trained)
             return f"needs nets that trained {want}{why}; {c.describe()}"
+        held = sorted(self.unfixed & c.fixed)
+        if held:
+            return f"needs {', '.join(held)} trained or absent, not held fixed at a non-zero value{why}; {c.describe()}"
         if self.output and c.output != self.output:
             return f"needs a {self.output} output layer{why}; {c.describe()}"
         if self.trainers and c.trainer not in self.trainers:
@@ -193,6 +202,14 @@ class Experiment:
     # into the group (``kktlab_nets_arrays``), so storage.nets loads them without a list of its own.
     nets_arrays: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
     needs: Callable[[Cell], NetsNeeds] = lambda cell: NetsNeeds()
+    # A producer of "nets": how many training points the net of one of its cells is trained on, from
+    # the cell's parameters (None: not known before it runs). A reader that indexes the upstream's
+    # training set: ``check_points(cell, m)`` -> (parameter, what is wrong, with ``{upstream}`` where
+    # the upstream is to be named) when the cell's indices cannot fit an upstream net of m training
+    # points, else None. flows/stages.py checks every reading stage against its upstream's smallest m
+    # at config time, naming the field.
+    points: Callable[[Cell], int | None] | None = None
+    check_points: Callable[[Cell, int], tuple[str, str] | None] | None = None
 
     def with_inherited(self, cell: Cell, upstream: Cell) -> Cell:
         """``cell`` with the parameters it takes from the upstream cell it reads (:attr:`inherits`)."""

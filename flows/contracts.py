@@ -46,6 +46,26 @@ def check_pairing(field: str, cfg, source: str, contracts: set) -> None:
                 raise ConfigError(field, f"experiment '{cfg.exp.name}' cannot read stage {source!r}: it {why}")
 
 
+def check_points(f: str, cfg, source: str, up) -> None:
+    """Refuse, naming the field (``stages[i].params.forget``), a reading stage a cell of which
+    indexes the upstream's training set past the smallest m of the upstream's cells
+    (Experiment.points / check_points): caught here, before the upstream trains, not after it."""
+    if cfg.exp.check_points is None or up.exp.points is None:
+        return
+    sizes = {up.exp.points(c) for c in unique_cells(up)} - {None}
+    if not sizes:
+        return
+    m = min(sizes)
+    for cell in unique_cells(cfg):
+        bad = cfg.exp.check_points(cell, m)
+        if bad:
+            from flows.config_checks import field_of
+
+            key, why = bad
+            upstream = f"upstream {source!r} with m = {m}" + (" at its smallest" if len(sizes) > 1 else "")
+            raise ConfigError(f"{f}.{field_of(cfg, key, cell)}", f"{cell[key]} {why.format(upstream=upstream)}")
+
+
 def cells_at(store: str, group: str, indices: list[tuple[int, ...]]) -> list[dict]:
     """The cells of ``group`` at grid ``indices`` as they were run (storage.nets.cells_as_run), with
     the parameters they took from their own upstream cells (Experiment.inherits: e.g. an unlearn cell's

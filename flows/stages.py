@@ -21,7 +21,8 @@ reads ``from`` followed by its own grid axes, so each of its cells names the ups
 used. Validated before any work, one line naming the field: ``from`` naming no earlier stage
 (missing, later, itself: so no cycle can be written), two stages with one name, a grid axis that
 is also an axis of the upstream, an experiment that does not read what its upstream produces,
-a stage that reads from one that stores nothing (``store_nets: false``).
+a stage that reads from one that stores nothing (``store_nets: false``), a reader whose nets
+contract the upstream's cannot meet, an index into the upstream's training set past its size.
 
 A config without ``stages`` is a chain of one whose group is its ``name`` (nothing changes).
 A stage may give ``cases`` beside its grid (``{axis: [case, ...]}``): cases appended to that
@@ -153,6 +154,7 @@ def _stage(i: int, st: Any, raw: dict, earlier: list[config_mod.Config]) -> conf
     up = _upstream(f, name, source, earlier, raw)
     _reads(f, exp, source, up)
     contracts.check_pairing(f"{f}.from", cfg, source, up.nets_contracts)
+    contracts.check_points(f, cfg, source, up)
     cfg.nets_contracts = contracts.stage_contracts(cfg, up.nets_contracts)
     _inherited(f, st, cfg, source, up)
     cfg.upstream_grid = dict(up.store_grid)

@@ -50,6 +50,20 @@ def _cells(n: int) -> str:
     return f"{n} cell" if n == 1 else f"{n} cells"
 
 
+def _left_out(store: str, group: str, experiment: str) -> str:
+    """'8 diverged, 1 max_iters': done cells left out by their status (storage.query.left_out_by_status),
+    named by the experiment's declared status labels; '' when none."""
+    from flows import experiments
+    from storage.query import left_out_by_status
+
+    counts = left_out_by_status(store, group)
+    if not counts:
+        return ""
+    var = experiments.get(experiment).variables.get("status") if experiment in experiments.names() else None
+    names = dict(var.labels) if var is not None else {}
+    return ", ".join(f"{n} {names.get(v, f'status {v}')}" for v, n in sorted(counts.items()))
+
+
 def _damage_lines(store: str, report, limit: int | None = SHOWN_DAMAGED) -> list[str]:
     out = [f"  damaged: {p}" for p in report.problems]
     out += [f"  damaged: {line}" for line in report.lines(limit)]
@@ -200,6 +214,9 @@ def _print_stage(cfg, store, stats, table: str) -> None:
           .format(**stats))
     for line in stats["failures"]:
         print(f"  failed: {line}")
+    left = _left_out(store, cfg.name, cfg.experiment)
+    if left:
+        print(f"  left out by status: {left} (stored as not-a-result; figures, tables and the report leave them out)")
 
 
 def _say_how_far(cfgs, stores) -> None:
@@ -242,6 +259,9 @@ def cmd_status(args) -> int:
         row = failures.get(r.group, {})
         if row.get("failed"):
             extra += f"  ({_cells(row['failed'])} failed: `kktlab run --retry-failed` computes them again)"
+        left = _left_out(args.store, r.group, r.experiment)
+        if left:
+            extra += f"  ({left}: done, left out by status)"
         print(f"{r.group:<24} {r.experiment:<12} {r.sound:>7}/{r.total:<7} ({pct:.0f}%){extra}")
         p = pace(args.store, r.group, r.sound) if 0 < r.sound < r.total else None
         if p is not None:

@@ -59,6 +59,21 @@ def status(path: str | pathlib.Path) -> list[dict]:
     return out
 
 
+def left_out_by_status(path: str | pathlib.Path, group: str) -> dict[int, int]:
+    """Done, not failed cells of ``group`` whose ``status`` is not among its ``ok_values`` (e.g. a
+    diverged reconstruction attack, stored as not-a-result), counted per status value; {} for a group
+    without a status variable. Reads the done, failed and status arrays (``status`` reads done only)."""
+    g = zarr.open_group(str(pathlib.Path(path) / group), mode="r", zarr_format=3)
+    if schema.STATUS not in g or schema.DONE not in g or not g[schema.STATUS].attrs.get("ok_values"):
+        return {}
+    done = np.asarray(g[schema.DONE][...], dtype=bool)
+    if schema.FAILED in g:
+        done &= ~np.asarray(g[schema.FAILED][...], dtype=bool)
+    st = np.asarray(g[schema.STATUS][...])[done]
+    values, counts = np.unique(st[~np.isin(st, list(g[schema.STATUS].attrs["ok_values"]))], return_counts=True)
+    return {int(v): int(n) for v, n in zip(values, counts)}
+
+
 def stage_scalars(path: str | pathlib.Path, group: str) -> xr.Dataset:
     """One number per cell of ``group`` (:func:`load_scalars`), and, for a reading stage, the scalar
     variables of the stage it read from that it does not hold itself (e.g. a universal_attack group

@@ -237,3 +237,55 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+# --- comparing results: stores and bundles -----------------------------------------------------
+
+def mismatches(a: dict, b: dict, tol: float = 1e-12, skip=("wall_s",)) -> dict:
+    """The names whose values differ between two ``{name: array}`` results, with why: integers and
+    booleans exactly, floats to ``tol`` (relative above 1, absolute below; ``tol=0``: bit for bit),
+    NaN equal to NaN (NaN against a number, or inf against finite, differs); names in ``skip`` left
+    out. One rule for bundle invariance and for stores resumed vs run clean."""
+    import numpy as np
+
+    out = {}
+    for name in sorted(set(a) | set(b)):
+        if name in skip:
+            continue
+        if name not in a or name not in b:
+            out[name] = "missing"
+            continue
+        x, y = np.asarray(a[name]), np.asarray(b[name])
+        if x.shape != y.shape or x.dtype != y.dtype:
+            out[name] = f"shape/dtype {x.shape} {x.dtype} vs {y.shape} {y.dtype}"
+        elif x.dtype.kind not in "fc":
+            if not np.array_equal(x, y):
+                out[name] = f"{x} vs {y}"
+        elif tol == 0:
+            if not np.array_equal(x, y, equal_nan=True):
+                err = np.nanmax(np.abs(x.astype(float) - y) / np.maximum(1.0, np.abs(x.astype(float))))
+                out[name] = f"not bit-identical (max rel {err:.2g})"
+        else:
+            same = (x == y) | (np.isnan(x) & np.isnan(y))
+            with np.errstate(invalid="ignore"):
+                err = np.where(same, 0.0, np.abs(x - y) / np.maximum(1.0, np.abs(x)))
+            if not (err <= tol).all():
+                out[name] = f"{x} vs {y}"
+    return out
+
+
+def store_values(store, group: str | None = None) -> dict:
+    """Every stored variable of a group (the store's one group if not named), timings left out."""
+    from storage import schema
+    from storage.query import open_results
+
+    ds = (open_results(store) if group is None else open_results(store, group)).load()
+    return {v: ds[v].values for v in ds.data_vars if v not in schema.NOT_HASHED}
+
+
+def assert_stores_equal(a, b, group: str | None = None, skip=("cell_hash",)) -> None:
+    """Two stores hold the same values in ``group`` (:func:`mismatches` at 1e-12), every cell done."""
+    va, vb = store_values(a, group), store_values(b, group)
+    assert bool(va["done"].all()) and bool(vb["done"].all())
+    assert set(va) == set(vb) and len(va) > 5, sorted(va)
+    assert mismatches(va, vb, skip=skip) == {}

@@ -28,6 +28,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import mismatches
 from flows import experiments
 from storage.nets import Nets
 
@@ -68,24 +69,6 @@ def nets(kind: str) -> Nets:
                 cells, [""] * E)
 
 
-def compare(alone: dict, bundled: dict) -> dict:
-    """Names whose values are not bit-identical (NaN equal to NaN); ``wall_s`` left out."""
-    out = {}
-    for name in sorted(set(alone) | set(bundled)):
-        if name in NOT_INVARIANT:
-            continue
-        if name not in alone or name not in bundled:
-            out[name] = "missing"
-            continue
-        x, y = np.asarray(alone[name]), np.asarray(bundled[name])
-        if x.shape != y.shape or x.dtype != y.dtype:
-            out[name] = f"shape/dtype {x.shape} {x.dtype} vs {y.shape} {y.dtype}"
-        elif not np.array_equal(x, y, equal_nan=x.dtype.kind in "fc"):
-            err = np.nanmax(np.abs(x.astype(float) - y) / np.maximum(1.0, np.abs(x.astype(float))))
-            out[name] = f"not bit-identical (max rel {err:.2g})"
-    return out
-
-
 def alone_and_bundled(name: str, kind: str, cells: list[dict], at: list[int]) -> list[tuple[dict, dict]]:
     """Each cell (reading net ``at[i]``) run alone and in the bundle of all ``cells``."""
     exp, n = experiments.get(name), nets(kind)
@@ -112,7 +95,7 @@ def test_unlearn_cell_is_the_same_alone_and_bundled(case):
             cells.append(dict(defaults("unlearn"), **shared, alpha=alpha))
             at.append(e)
     pairs = alone_and_bundled("unlearn", kind, cells, at)
-    assert {i: compare(a, b) for i, (a, b) in enumerate(pairs)} == {i: {} for i in range(len(pairs))}
+    assert {i: mismatches(a, b, tol=0, skip=NOT_INVARIANT) for i, (a, b) in enumerate(pairs)} == {i: {} for i in range(len(pairs))}
     if shared["forget"] == -1:  # App. E's l is drawn per net (these three draw different ones)
         assert len({tuple(np.nonzero(b["forgotten"])[0]) for _, b in pairs}) > 1
     if shared.get("test_points"):
@@ -151,7 +134,7 @@ def test_reconstruct_cell_is_the_same_alone_and_bundled():
                 cells.append(dict(defaults("reconstruct"), **RECON, radius=radius, restart=restart))
                 at.append(e)
     pairs = alone_and_bundled("reconstruct", "gauss", cells, at)
-    assert {i: compare(a, b) for i, (a, b) in enumerate(pairs)} == \
+    assert {i: mismatches(a, b, tol=0, skip=NOT_INVARIANT) for i, (a, b) in enumerate(pairs)} == \
         {i: {} for i in range(len(pairs))}
     # the inits are the cell's own: restarts differ, and moved (the attack ran)
     by = {(at[i], c["radius"], c["restart"]): b for i, (c, (_, b)) in enumerate(zip(cells, pairs))}
@@ -186,7 +169,7 @@ def check_train_kkt_bit_identical_alone_and_bundled():
     pick = lambda r: {k: np.asarray(v) for k, v in r.items() if k not in NOT_INVARIANT}  # noqa: E731
     for c, bundled in zip(cells, exp.run_bundle(cells, "cpu")):
         alone = exp.run_bundle([c], "cpu")[0]
-        assert compare(alone, bundled) == {}
+        assert mismatches(alone, bundled, tol=0, skip=NOT_INVARIANT) == {}
         assert content_hash(pick(alone)) == content_hash(pick(bundled))
 
 

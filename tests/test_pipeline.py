@@ -19,6 +19,8 @@ TRAIN_KKT = {"name": "nets", "experiment": "train_kkt", "grid": {"seed": [0]},
 TRAIN = {"name": "nets", "experiment": "train", "grid": {"seed": [0]}, "params": {"d": 5, "width": 8}}
 LAZY_RAW = {"name": "nets", "experiment": "lazy_train", "grid": {"seed": [0]},
             "params": {"data": "digits", "variant": "raw", "d": 16, "m": 16}}
+ADV_BIAS = {"name": "nets", "experiment": "adv_train", "grid": {"seed": [0]},
+            "params": {"data": "digits", "variant": "raw", "d": 16, "m": 16, "bias": "on"}}
 UNLEARN = {"name": "gone", "experiment": "unlearn", "from": "nets", "grid": {"alpha": [1.0]}, "params": {"forget": 0}}
 
 
@@ -54,6 +56,8 @@ REFUSED = [
      "stages[1].from", "trained on data d_mg"),
     ("lazy_train -> pgd at the training budget", (LAZY_RAW, reader("pgd", budget="train") | {"grid": {"T2": [5]}}),
      "stages[1].from", "needs R_train"),
+    ("adv_train with its fixed bias -> unlearn", (ADV_BIAS, UNLEARN), "stages[1].from",
+     "needs b trained or absent, not held fixed at a non-zero value"),
 ]
 
 
@@ -72,6 +76,7 @@ ACCEPTED = [
                                                                                    budget="given"))),
     ("train_kkt -> unlearn -> forge_net", (TRAIN_KKT, UNLEARN, reader("forge_net", "gone"))),
     ("lazy_train (bias) -> unlearn", (LAZY_RAW, UNLEARN)),
+    ("adv_train (no bias) -> unlearn", (ADV_BIAS | {"params": dict(ADV_BIAS["params"], bias="off")}, UNLEARN)),
     ("train -> reconstruct", (TRAIN, reader("reconstruct"))),
 ]
 
@@ -80,6 +85,53 @@ ACCEPTED = [
 def test_accepted_pairing(stages):
     cfg = config.parse(chain(*stages))
     assert cfg.stages[-1].exp.reads == "nets"
+
+
+OUT_OF_RANGE = [  # (upstream params/grid, unlearn params/grid, field, message): m = 3 unless said
+    ({}, {"params": {"forget": 3}}, "stages[1].params.forget",
+     "3 is out of range for upstream 'nets' with m = 3 (allowed -2..2: an index l, -1 one random l per net, "
+     "-2 every l)"),
+    ({}, {"params": {}, "grid": {"alpha": [1.0], "forget": [0, 7]}}, "stages[1].grid.forget",
+     "7 is out of range for upstream 'nets' with m = 3 (allowed -2..2"),
+    ({"grid": {"seed": [0], "m": [5, 3]}}, {"params": {"forget": 4}}, "stages[1].params.forget",
+     "4 is out of range for upstream 'nets' with m = 3 at its smallest (allowed -2..2"),
+    ({}, {"params": {"forget": 0, "method": "k_ga", "k": 3}}, "stages[1].params.k",
+     "3 points forgotten at once leave no retained point of upstream 'nets' with m = 3 (allowed 1..2)"),
+    ({"experiment": "lazy_train", "params": {"data": "digits", "variant": "raw", "d": 16, "m": 16, "n_train": 64,
+                                             "batch_size": 8}},
+     {"params": {"forget": 64}}, "stages[1].params.forget", "64 is out of range for upstream 'nets' with m = 64"),
+]
+
+
+@pytest.mark.parametrize("up, down, field, message", OUT_OF_RANGE, ids=["forget = m", "forget in the grid",
+                                                                         "smallest m of a grid", "k = m", "lazy n_train"])
+def test_forget_index_past_the_upstream_training_set_is_refused_at_config_time(tmp_path, up, down, field, message):
+    """Issue 39: an index to forget outside the upstream's training set is refused when the config is
+    loaded (flows.config.load, as ``kktlab run`` and ``--dry-run`` load it), from the upstream's own
+    parameters, before anything trains (it used to train, then store failed cells)."""
+    import yaml
+
+    train = dict(TRAIN_KKT, params=dict(TRAIN_KKT["params"], m=3)) | up
+    if "grid" in up and "m" in up["grid"]:
+        train["params"] = {k: v for k, v in train["params"].items() if k != "m"}
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(chain(train, UNLEARN | down)))
+    with pytest.raises(ConfigError) as err:
+        config.check_stages(config.load(path))
+    assert err.value.field == field and err.value.message.startswith(message), str(err.value)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("forget", [-2, -1, 0, 2])
+def test_forget_index_inside_the_upstream_training_set_is_accepted(tmp_path, forget):
+    import yaml
+
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(chain(dict(TRAIN_KKT, params=dict(TRAIN_KKT["params"], m=3)),
+                                         UNLEARN | {"params": {"forget": forget}})))
+    cfg = config.load(path)
+    config.check_stages(cfg)
+    assert cfg.stages[1].params["forget"] == forget
 
 
 def test_unlearned_nets_carry_the_upstream_contract():

@@ -244,3 +244,95 @@ def test_P004_15_scores_differ_across_restarts_although_objectives_agree(attacke
     sel = [o for o, r in zip(out, radius) if r == 1.0]
     sc, ob = torch.tensor([o["score5"] for o in sel]), torch.tensor([o["objective"] for o in sel])
     assert float(sc.std()) >= 10 * float(ob.std() / ob.mean())
+
+
+# ---- divergence (issue 39): a diverged attack is stored as not-a-result ------------------------------
+
+def _tiny_net(E: int = 1, k: int = 8, d: int = 5, m: int = 4):
+    """A random two-layer net (W, b, v all trained) and m unit points with alternating labels: enough
+    for the attack's objective; nothing is trained (each row of the attack is independent)."""
+    g = torch.Generator().manual_seed(0)
+    W = torch.randn(E, k, d, generator=g, dtype=torch.float64)
+    b = 0.1 * torch.randn(E, k, generator=g, dtype=torch.float64)
+    v = torch.randn(E, k, generator=g, dtype=torch.float64) / math.sqrt(k)
+    X = torch.nn.functional.normalize(torch.randn(E, m, d, generator=g, dtype=torch.float64), dim=-1)
+    y = torch.tensor([1.0, -1.0] * (m // 2), dtype=torch.float64).expand(E, m).clone()
+    full = lambda x: torch.full((E,), x)  # noqa: E731
+    return W, b, v, X, y, torch.ones(E, m, dtype=torch.bool), full(d), full(m), full(k)
+
+
+def test_diverged_attack_is_stored_as_not_a_result():
+    """Two rows of one bundle, one init draw: lr_x 0.01 converges; lr_x 1e4 (forced to diverge) sends the
+    candidates to ~1e6 after one step, far past BLOWUP x the data scale (the old code stored it as
+    status 1 or 2 with finite distances of that size). Its scores, distances and candidates are NaN
+    (integers -1), its status DIVERGED; the init's objective and score are kept and equal the other
+    row's; the converged row's distances are those of its own candidates."""
+    import numpy as np
+
+    from flows.experiments import reconstruct as rexp
+
+    W, b, v, X, y, mask, d, m, k = _tiny_net()
+    cells = [{p: q.default for p, q in rexp.P.items()} | dict(n_candidates=6, steps=60, lr_x=lr, lr_lam=1e-4)
+             for lr in (0.01, 1e4)]
+    nets = lambda t: t.expand(2, *t.shape[1:]).clone()  # noqa: E731 - the same net for both rows
+    ok, bad = cell_fn.run(*(nets(t) for t in (W, b, v, X, y, mask, d, m, k)), cells)
+    assert (ok["status"], bad["status"]) == (atk.DONE, atk.DIVERGED)
+    for name in cell_fn.NOT_A_RESULT:
+        value = np.asarray(bad[name])
+        assert (value == -1).all() if value.dtype.kind in "iu" else np.isnan(value).all(), name
+    assert bad["objective_init"] == ok["objective_init"] and bad["score5_init"] == ok["score5_init"]
+    assert bad["train_eps"] == ok["train_eps"]
+    assert float(np.nanmax(bad["objective_trace"])) > 1e3 * bad["objective_init"]  # the trace shows the blow-up
+    D = torch.cdist(torch.from_numpy(ok["candidates"]), X[0])  # (candidates, points)
+    np.testing.assert_allclose(ok["dist"], D.amin(1).numpy(), rtol=1e-12)
+    np.testing.assert_allclose(ok["point_dist"], D.amin(0).numpy(), rtol=1e-12)
+    assert ok["n_recovered"] == int((D.amin(0) <= cells[0]["rho"]).sum())
+
+
+def test_diverged_cell_is_judged_against_its_data_scale():
+    """One net, one init draw (r = 0.1), lr_x 1: the candidates end at norm ~126 with a finite objective.
+    Beside training points of norm 1 (bound 1000) that is a result; beside the same points scaled to
+    norm 0.1 (bound BLOWUP x 0.1 = 100) it is DIVERGED, stored as not-a-result."""
+    import numpy as np
+
+    from flows.experiments import reconstruct as rexp
+
+    W, b, v, X, y, mask, d, m, k = _tiny_net()
+    cell = {p: q.default for p, q in rexp.P.items()} | dict(n_candidates=6, steps=60, lr_x=1.0, lr_lam=1e-4,
+                                                           radius=0.1)
+    two = lambda t: t.expand(2, *t.shape[1:]).clone()  # noqa: E731
+    near, small = cell_fn.run(two(W), two(b), two(v), torch.cat([X, 0.1 * X]), *(two(t) for t in (y, mask, d, m, k)),
+                              [cell, cell])
+    assert near["status"] == atk.DONE and 100 < float(near["cand_norm"].max()) < 1000
+    assert near["objective"] < 1e3 * near["objective_init"]
+    assert small["status"] == atk.DIVERGED and np.isnan(small["dist"]).all() and np.isnan(small["score10"])
+
+
+def test_divergence_rule_bounds_candidates_by_the_data_scale():
+    """A finite objective that ends below its init value, but candidates that run away: lr_x 3 on the
+    tiny net moves them to norm ~240 at data scale 1; with x_scale 1 (bound 1000) the row is DONE, with
+    x_scale 0.1 (bound 100) it is DIVERGED and frozen at the first step past the bound."""
+    W, b, v, X, y, *_ = _tiny_net()
+    l, D = 4, X.shape[-1]
+    x0, lam0 = atk.init_candidates("sphere", l, [D], D, [1.0], [torch.Generator().manual_seed(0)])
+    one = lambda x: torch.tensor([x], dtype=torch.float64)  # noqa: E731
+    kw = dict(lr_x=one(3.0), lr_lam=one(1e-4), alpha=one(300.0), lam_min=one(0.01), steps=200)
+    yc = atk.candidate_labels(l).expand(1, l)
+    free = atk.optimise(W, b, v, x0, lam0, yc, x_scale=one(1.0), **kw)
+    top = float(free.x.norm(dim=-1).max())
+    assert int(free.status[0]) == atk.DONE and 100 < top < 1000, top
+    assert float(free.objective[0]) < float(free.trace[0, 0])  # the objective fell: only the norm rule can tell
+    tight = atk.optimise(W, b, v, x0, lam0, yc, x_scale=one(0.1), **kw)
+    assert int(tight.status[0]) == atk.DIVERGED
+    assert 100 < float(tight.x.norm(dim=-1).max()) < top  # frozen where it first passed 100
+
+
+@pytest.mark.parametrize("ratio,live", [(atk.BLOWUP**2, True), (atk.BLOWUP**2 * (1 + 1e-9), False),
+                                        (math.inf, False), (math.nan, False)])
+def test_divergence_rule_objective_above_blowup_squared_times_its_init(ratio, live):
+    obj0 = torch.tensor([2.5], dtype=torch.float64)
+    x = torch.zeros(1, 3, 2, dtype=torch.float64)
+    assert bool(atk.sane(obj0 * ratio, x, obj0, None)[0]) is live
+    bound = lambda r: torch.tensor([r], dtype=torch.float64)  # noqa: E731
+    assert bool(atk.sane(obj0, x + 2.0, obj0, bound(2 * math.sqrt(2)))[0])  # candidate norms 2√2: at the bound
+    assert not bool(atk.sane(obj0, x + 2.0, obj0, bound(2.8))[0])

@@ -226,3 +226,28 @@ def test_a_store_made_before_blocks_keeps_its_chunk_per_cell_and_resumes(tmp_pat
             if not d]
     bundles = make_bundles(c.exp, todo, 64, block=reopened.block())
     assert sorted(idx for b in bundles for idx, _ in b) == [(0, 1), (1, 0), (1, 1), (2, 0)]
+
+
+def test_status_and_run_summary_count_cells_left_out_by_status(tmp_path, capsys):
+    """Issue 39: done cells whose ``status`` is not ok (a diverged attack or training, stored as
+    not-a-result) are counted by status value and named by the experiment's status labels in
+    ``kktlab status`` and the run summary; failed cells (status never written) are not among them."""
+    from kktlab import cli
+    from storage.query import left_out_by_status
+
+    c = cfg()
+    path = tmp_path / "s.zarr"
+    store = open_store(c, path, "cpu")
+    vals = fake_values(c.exp, 30)
+    for idx, st in {(0, 0): 1, (0, 1): 4, (1, 0): 4, (1, 1): 2, (2, 0): 1}.items():  # converged, diverged, max_iters
+        assert store.write_cell(idx, dict(vals, status=np.asarray(st, dtype=np.int8)))
+    assert store.write_failed((2, 1), "boom")
+    group = status(path)[0]["group"]
+    assert left_out_by_status(path, group) == {2: 1, 4: 2}
+    assert cli._left_out(str(path), group, "nonrobust") == "1 max_iters, 2 diverged"
+    assert cli.main(["status", str(path)]) == 0
+    assert "(1 max_iters, 2 diverged: done, left out by status)" in capsys.readouterr().out
+    stats = dict(total=6, done_before=0, written=6, from_cache=0, damaged_recomputed=0, stale_recomputed=0, failed=1,
+                 refused_done=0, bundles=1, wall_s=0.0, failures=[])
+    cli._print_stage(c, str(path), stats, "")
+    assert "  left out by status: 1 max_iters, 2 diverged (stored as not-a-result;" in capsys.readouterr().out

@@ -143,7 +143,7 @@ def test_P001_3_bounds_hold_when_preconditions_hold(eps_d):
     after = kkt_measure(W_hat, *args)
     assert float(after.eps.max()) <= b.eps and float(after.delta.max()) <= b.delta_proof
     lam_S = ref.forgotten_pattern(W, X, F * r.lam[:, None])
-    Wf = ref.fixed_net(W_hat * after.c[..., None, None], u[:, None, None], X[:, None, None], W[:, None, None],
+    Wf = ref.fixed_net(W_hat * r.c[:, None, None, None, None], u[:, None, None], X[:, None, None], W[:, None, None],
                        lam_S[:, :, None], ~F[:, :, None], torch.tensor(eps_d), torch.tensor(float(M)),
                        torch.tensor(float(N)))
     assert float(ref.tau(W_hat, Wf).max()) <= b.tau_proof
@@ -257,3 +257,64 @@ def test_P001_5_ga_does_not_inflate_eps_on_fixture_o_like_data(eps_d):
     W_hat = METHODS["ga"](W, u, X, y, r.lam / r.c[:, None], F, torch.tensor([1.0], dtype=torch.float64))
     after = kkt_measure(W_hat, u[:, None, None], X[:, None, None], y[:, None, None], ~F[:, :, None])
     assert float(after.eps.max()) <= 1.01 * float(r.eps) + 1e-8
+
+
+def _fixed_net_by_definition(W, u, X, y, l: int, alpha: float):
+    """Paper 001 App. C.2 / spec K3 written out with numpy and scipy, independent of the kernels:
+    θ at the certificate's margin-1 scale c1 = 1/min_i q_i, λ = scipy nnls of vec θ on the explicit
+    gradient matrix (columns y_i ∇_θN(x_i; θ)), θ̂ = θ − α λ_l y_l ∇_θN(x_l; θ), and the fixed net
+    w̃_j = ŵ_j + |u_j| λ_l σ'_{l,j} c Σ_{k≠l} sign(⟨x_k, w_j⟩) x_k, c = min(ε_d/(2mn), 0.01),
+    ε_d = 4mnφ̂. Returns (θ̂, θ̃, τ = 1 − cossim(θ̂, θ̃)) as numpy arrays / a float."""
+    from scipy.optimize import nnls
+
+    W, u, X, y = (np.asarray(t, dtype=np.float64) for t in (W, u, X, y))
+    m, n = X.shape[0], W.shape[0]
+    act = (X @ W.T > 0).astype(np.float64)  # (m, n) σ'
+    q = y * ((X @ W.T).clip(min=0) @ u)
+    theta = W / q.min()  # c1 θ
+    G = np.stack([(y[i] * u[:, None] * act[i][:, None] * X[i][None, :]).ravel() for i in range(m)], 1)
+    lam = nnls(G, theta.ravel(), maxiter=10_000)[0]
+    theta_hat = theta - alpha * lam[l] * G[:, l].reshape(n, -1)
+    gram = X @ X.T
+    phi = np.abs(gram - np.diag(np.diag(gram))).max()
+    c = min(4 * m * n * phi / (2 * m * n), 0.01)
+    delta = c * sum(np.sign(X[k] @ W.T)[:, None] * X[k][None, :] for k in range(m) if k != l)  # (n, d)
+    fixed = theta_hat + (np.abs(u) * lam[l] * act[l])[:, None] * delta
+    cos = (theta_hat * fixed).sum() / (np.linalg.norm(theta_hat) * np.linalg.norm(fixed))
+    return theta_hat, fixed, 1 - cos
+
+
+def test_tau_fixed_is_at_the_certificate_scale_c1():
+    """Issue 39 item 5: the cell's ``tau_fixed`` (K3, App. C.2) equals the definition computed here
+    with θ̂ and λ at the trained net's margin-1 scale c1; the fixed net built on θ̂ rescaled by the
+    unlearned net's own c (``after.c``, the old code) gives another τ, which this test refuses.
+    ``eps_fixed`` / ``delta_fixed`` are K1 of that same θ̃ (scale free), so they follow."""
+    from flows.experiments import unlearn as exp
+    from tasks.cells.train_kkt import RNG_BYTES
+    from tasks.cells.unlearn import unlearn
+
+    g = torch.Generator().manual_seed(5)
+    m, d, n = 6, 10, 8
+    X = torch.randn(1, m, d, generator=g, dtype=torch.float64) / math.sqrt(d)
+    W = torch.randn(1, n, d, generator=g, dtype=torch.float64)
+    u = torch.tensor([1.0, -1.0] * (n // 2), dtype=torch.float64)[None] / math.sqrt(n)
+    y = torch.sign((torch.relu(X @ W.transpose(1, 2)) * u[:, None]).sum(-1))  # labels the net's own: interpolating
+    alphas = (0.5, 1.0)
+    cells = [dict({k: p.default for k, p in exp.P.items()}, forget=0, alpha=a) for a in alphas]
+    full = lambda x: torch.full((1,), x)  # noqa: E731
+    out = unlearn(W, torch.zeros(1, n, dtype=torch.float64), u, X, y, torch.ones(1, m, dtype=torch.bool), full(d),
+                  full(m), full(n), torch.zeros(1, 2 * RNG_BYTES, dtype=torch.uint8), ["net", "net"], cells)
+    for a, o in zip(alphas, out):
+        theta_hat, fixed, tau_c1 = _fixed_net_by_definition(W[0], u[0], X[0], y[0], 0, a)
+        assert o["feasible1"] == 1 and o["tau_fixed"] == pytest.approx(tau_c1, rel=1e-7), a
+        # the old scale: θ̂ rescaled to min margin 1 on the retained points (after.c), λ still at c1
+        ret = torch.arange(m) != 0
+        q_hat = y[0, ret].numpy() * (np.clip(X[0, ret].numpy() @ theta_hat.T, 0, None) @ u[0].numpy())
+        s = 1 / q_hat.min()  # θ̂ at c1 -> at after.c
+        wrong = s * theta_hat + (fixed - theta_hat)  # the same correction added to s·θ̂
+        tau_after = 1 - (theta_hat * wrong).sum() / (np.linalg.norm(theta_hat) * np.linalg.norm(wrong))
+        assert abs(s - 1) > 0.1 and abs(tau_after / tau_c1 - 1) > 0.1, (s, tau_after, tau_c1)  # the test can tell
+        # ε, δ of θ̃ on the retained set: K1 of the fixed net built here (eps_fixed, delta_fixed follow θ̃)
+        r = kkt_measure(torch.as_tensor(fixed)[None], u, X[:, ret], y[:, ret])
+        assert o["eps_fixed"] == pytest.approx(float(r.eps[0]), rel=1e-7)
+        assert o["delta_fixed"] == pytest.approx(float(r.delta[0]), abs=1e-9, rel=1e-7)

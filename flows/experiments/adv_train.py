@@ -87,9 +87,11 @@ def run_bundle(cells: list[dict], device: str = "auto") -> list[dict]:
 
 
 def contract(cell: dict, upstream=None) -> NetsContract:
-    """Alg. 1's nets: W trained inside B_{2,inf}(W0, V); the bias (if any) and a/√m stay fixed (§5.2)."""
+    """Alg. 1's nets: W trained inside B_{2,inf}(W0, V); the bias (if any: its non-zero init b0) and a/√m
+    stay fixed (§5.2)."""
     return NetsContract(arrays=frozenset({"W0", "b0", "X_test", "y_test", "R_train", "V_train"}),
-                        trained=frozenset({"W"}), output="frozen", trainer="adv_train", data=cell["data"])
+                        trained=frozenset({"W"}), output="frozen", trainer="adv_train", data=cell["data"],
+                        fixed=frozenset({"b"}) if cell_fn.has_bias(cell) else frozenset())
 
 
 EXPERIMENT = register(Experiment(
@@ -98,6 +100,6 @@ EXPERIMENT = register(Experiment(
     description="projected adversarial training in B_{2,inf}(W0, V) against PGD-l2 of budget R (Alg. 1; produces nets)",
     params=P, variables=V, run_bundle=run_bundle, bundle_key=bundle_key, cost=cost, check=lazy.check,
     memory=memory, memory_fields=("m", "d"), extra_dims=extra_dims, produces=("nets",), rebuild=lazy.rebuild,
-    nets=contract, nets_arrays=dict(lazy.NETS_ARRAYS, R_train=(), V_train=()),
+    nets=contract, nets_arrays=dict(lazy.NETS_ARRAYS, R_train=(), V_train=()), points=lambda c: lazy.sizes(c)[0],
     summary=("rta_train", "clean_acc", "epochs", "C0_reached", "train_status"), spec_ids=("E4", "E5", "X1", "X5"),
 ))

@@ -220,6 +220,7 @@ EXPERIMENT = register(Experiment(
     description="lazy SGD to the exit of the ball ||W - W0||_{2,inf} <= C0/sqrt(m), snapshots per C0 (produces nets)",
     params=P, variables=V, run_bundle=run_bundle, bundle_key=bundle_key, cost=cost, check=check, memory=memory,
     memory_fields=("m", "d"), extra_dims=extra_dims, produces=("nets",), rebuild=rebuild, nets=contract,
+    points=lambda c: sizes(c)[0],
     nets_arrays=NETS_ARRAYS,
     summary=("test_acc", "exited", "steps", "C0_reached"), spec_ids=("E1", "E2", "E3", "X2", "X6"),
 ))

@@ -62,7 +62,7 @@ V = {
     "m_used": Var("1", "number of training samples m", "int64", finite=True),
     "iters": Var("1", "training iterations taken", "int64", finite=True),
     "status": Var("1", ", ".join(f"{k} {v}" for k, v in train.STATUS_NAMES.items()), "int8",
-                  ok=(train.CONVERGED,), finite=True),
+                  ok=(train.CONVERGED,), finite=True, labels=tuple(train.STATUS_NAMES.items())),
     "log10_loss": Var("log10", "final full-data mean loss, log10"),
     "train_acc": Var("1", "fraction of training samples with y N(x) > 0"),
     "q_min": Var("1", "smallest margin y_i N(x_i) (raw parameters)"),

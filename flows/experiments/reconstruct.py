@@ -17,7 +17,7 @@ from flows import bundle_progress
 from flows.experiments import Experiment, Param, Var, register, by_shape, timed
 from tasks.cells import reconstruct as cell_fn
 from tasks.reconstruct import INITS, OBJECTIVES
-from tasks.reconstruct.attack import DIVERGED, DONE
+from tasks.reconstruct.attack import BLOWUP, DIVERGED, DONE
 
 P = {
     "radius": Param(float, 1.0, "init radius r of the candidates (paper 004 Sec 4; gauss: s = r/sqrt(d))", gt=0),
@@ -41,8 +41,10 @@ P = {
 
 _cand = ("candidate",)
 V = {
-    "status": Var("1", f"{DONE} done, {DIVERGED} diverged (non-finite objective; frozen there)", "int8",
-                  ok=(DONE,), finite=True),
+    "status": Var("1", f"{DONE} done, {DIVERGED} diverged (non-finite objective or gradient, objective above "
+                  f"{BLOWUP:g}² x its init value, or a candidate norm above {BLOWUP:g} x max(radius, largest training "
+                  "point norm); frozen there; its scores, distances and candidates stored as NaN)", "int8",
+                  ok=(DONE,), finite=True, labels=((DONE, "done"), (DIVERGED, "diverged"))),
     "objective": Var("1", "final attack objective (spec §2.4; paper: 330-332 for every sphere run)"),
     "objective_rel": Var("1", "objective / ||theta||^2 (X004-5)"),
     "objective_init": Var("1", "objective at the init candidates"),

@@ -109,6 +109,7 @@ EXPERIMENT = register(Experiment(
     description="train frozen-output two-layer ReLU nets / linear predictors by GD + weight decay, store the nets",
     params=P, variables=V, run_bundle=run_bundle, bundle_key=bundle_key, check=check, memory=memory,
     memory_fields=("d", "m", "width"), extra_dims=extra_dims, produces=("nets",), nets=contract,
+    points=lambda c: c["m"],
     cost=lambda c: float(c["epochs"] * c["m"] * c["d"] * c["width"]),
     summary=("m_used", "train_acc", "log10_loss", "q_min"),
     spec_ids=("F001-1", "F001-2", "F001-3", "F001-4", "F001-5", "F001-6"),

@@ -157,20 +157,32 @@ def contract(cell: dict, upstream: NetsContract | None) -> NetsContract:
     upstream's init and test set are not handed on. One net per cell unless forget = -2."""
     up = upstream or NetsContract()
     return NetsContract(arrays=frozenset({"forgotten"}), trained=up.trained, output=up.output, trainer=up.trainer,
-                        data=up.data, single=cell["forget"] != -2)
+                        data=up.data, single=cell["forget"] != -2, fixed=up.fixed)
 
 
 def needs(cell: dict) -> NetsNeeds:
-    """Paper 001's setting: a frozen output layer, W trained (and a bias, measured with it); never nets
-    something was already forgotten from; the retrain reference and D_MG test points redraw what
-    ``train_kkt`` drew."""
+    """Paper 001's setting: a frozen output layer, W trained (and a bias, measured with it; a bias held
+    fixed at a non-zero value is not a parameter of the GA step nor absent: tasks/cells/unlearn.py
+    refuses it); never nets something was already forgotten from; the retrain reference and D_MG
+    test points redraw what ``train_kkt`` drew."""
     redraw = cell["method"] == "retrain" or cell["ref_retrain"] or cell["test_points"] > 0
     return NetsNeeds(trained=(frozenset({"W"}), frozenset({"W", "b"})), output="frozen",
-                     without=frozenset({"forgotten"}),
+                     without=frozenset({"forgotten"}), unfixed=frozenset({"b"}),
                      trainers=frozenset({"train_kkt"}) if redraw else frozenset(),
                      data=frozenset({"d_mg"}) if cell["test_points"] > 0 else frozenset(),
                      why="paper 001: GA on W with u frozen; retrain / ref_retrain / test_points redraw train_kkt's "
                          "init and D_MG points")
+
+
+def check_points(cell: dict, m: int) -> tuple[str, str] | None:
+    """``forget`` (an index l, or -1 / -2) and the k points {l, …, l+k-1} mod m against an upstream net
+    of m training points (the run-time check of tasks/cells/unlearn.py::forget_sets, at config time)."""
+    if cell["forget"] >= m:
+        return "forget", (f"is out of range for {{upstream}} (allowed -2..{m - 1}: an index l, -1 one random l "
+                          "per net, -2 every l)")
+    if cell["k"] >= m:
+        return "k", f"points forgotten at once leave no retained point of {{upstream}} (allowed 1..{m - 1})"
+    return None
 
 
 EXPERIMENT = register(Experiment(
@@ -180,7 +192,7 @@ EXPERIMENT = register(Experiment(
     paper="001 Provable unlearning with gradient ascent on two-layer ReLU networks",
     description="GA / k-GA / retrain unlearning judged by the KKT criterion (Def 2.2) on stored nets (reads 'nets')",
     params=P, variables=V, run_bundle=run_bundle, bundle_key=bundle_key, reads="nets", inherits=INHERITS,
-    produces=("nets",), nets=contract, needs=needs, nets_arrays={"forgotten": ("sample",)},
+    produces=("nets",), nets=contract, needs=needs, nets_arrays={"forgotten": ("sample",)}, check_points=check_points,
     cost=lambda c: 1.0 + (c.get("retrain_epochs", 10**5) if c["method"] == "retrain" or c["ref_retrain"] else 0),
     summary=("m_used", "eps", "eps_mean", "delta", "eps_rel", "eps1", "tau_fixed", "cos_svm", "preconditions_met"),
     spec_ids=("F001-1", "F001-2", "F001-3", "F001-4", "F001-5", "F001-6", "P001-4", "P001-5", "P001-6", "P001-7",

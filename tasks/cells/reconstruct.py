@@ -63,9 +63,10 @@ def run(W, b, v, X, y, mask, d, m, width, cells: list[dict], device: str = "cpu"
     yc = atk.candidate_labels(l).to(device).expand(E, l)
     alpha = dev_t("alpha") if c0["surrogate"] else None
     lam_min = dev_t("lam_min")
+    x_scale = torch.maximum(dev_t("radius"), Xs.norm(dim=-1).amax(-1))  # the data scale of the divergence rule
     res = atk.optimise(W, b_att, v, x0, lam0, yc, lr_x=dev_t("lr_x"), lr_lam=dev_t("lr_lam"), alpha=alpha,
                        lam_min=lam_min, steps=c0["steps"], objective_name=c0["objective"], box=c0["box"],
-                       feature_mask=fmask, n_trace=N_TRACE, blocks=blocks, progress=progress)
+                       feature_mask=fmask, n_trace=N_TRACE, blocks=blocks, x_scale=x_scale, progress=progress)
     bw = blocks.to(W.dtype)  # ||theta||^2 over the trained blocks
     theta2 = bw[:, 0] * W.pow(2).sum((1, 2)) + bw[:, 1] * b_att.pow(2).sum(1) + bw[:, 2] * v.pow(2).sum(1)
     scale = objective.SCALES[c0["objective"]](l)
@@ -99,7 +100,30 @@ def run(W, b, v, X, y, mask, d, m, width, cells: list[dict], device: str = "cpu"
             "avg_frac": float(closer[e].double().mean()), "avg_ratio": float(score.median(ratio[e])),
             **{k: (t[e, :me].numpy() if t.dim() == 2 else float(t[e])) for k, t in per_point.items()},  # own m
         })
+        if out[-1]["status"] == atk.DIVERGED:
+            out[-1] = not_a_result(out[-1])
     return out
+
+
+# What a diverged row (tasks/reconstruct/attack.py BLOWUP) stores as not-a-result: everything computed
+# from its final candidates and multipliers. Kept: its status, the init's objective and score, the
+# trace (where it blew up) and the training set's own ε*.
+NOT_A_RESULT = ("objective", "objective_rel", "residual_exact_rel", "score5", "score10", "score5_unique",
+                "score5_active", "n_recovered", "dist", "nearest", "ncc", "lam", "cand_norm", "candidates", "ssim",
+                "ssim10", "ssim_max", "avg_frac", "avg_ratio", "point_dist", "point_cos", "recovered_forgotten",
+                "recovered_retained", "dist_forgotten", "dist_retained", "cos_forgotten", "cos_retained")
+
+
+def not_a_result(row: dict) -> dict:
+    """``row`` with every :data:`NOT_A_RESULT` value replaced by NaN (integers: -1, the store's fill)."""
+    import numpy as np
+
+    def blank(value):
+        if isinstance(value, np.ndarray):
+            return np.full_like(value, -1 if value.dtype.kind in "iu" else np.nan)
+        return -1 if isinstance(value, int) else math.nan
+
+    return dict(row, **{k: blank(row[k]) for k in NOT_A_RESULT})
 
 
 def train_eps(W, b, v, X, y, blocks) -> torch.Tensor:

@@ -218,8 +218,10 @@ def unlearn(W, b, v, X, y, mask, d, m, width, rng, keys: list[str], cells: list[
                "n_support": after.n_support.double(), "eps_inherited": inher.eps, "delta_inherited": inher.delta,
                "eps_dynamics": dyn.eps, **{k: nan for k in ("tau_fixed", "eps_fixed", "delta_fixed", "tau_rt",
                                                              "eps_rt", "delta_rt", "cos_svm", "tau_svm")}}
-        if not linear:  # the proof's fixed net (K3), built on the rescaled θ̂
-            Wf = ref.fixed_net(W_hat * after.c[..., None, None], u[:, None, None], Xb, W[:, None, None],
+        if not linear:  # the proof's fixed net (K3), built on θ̂ at the trained net's certificate scale c1
+            # (App. C.2: θ̂ = θ − λ_l y_l ∇N at the scale where λ certifies θ, so θ̂ and lam_S share c1, not
+            # the unlearned net's own min-margin scale)
+            Wf = ref.fixed_net(W_hat * r1.c[:, None, None, None, None], u[:, None, None], Xb, W[:, None, None],
                                lam_S[:, :, None], rv, eps_d[:, None, None], m[:, None, None].double(),
                                n_true[:, None, None])
             rf = kkt_measure(Wf, ub, Xb, yb, rv, "nnls", tol=tol)

@@ -20,6 +20,12 @@ import torch
 from tasks.reconstruct.objective import objective
 
 RUNNING, DONE, DIVERGED = 0, 1, 2
+# The divergence rule: a row is DIVERGED, and frozen at the first step where it is, when its objective
+# or a gradient is non-finite, or its objective exceeds BLOWUP² times its value at the init, or (the
+# cell gives a scale: max(init radius, largest training-point norm)) a candidate's norm exceeds BLOWUP
+# times that scale. Converging runs lower the objective and leave candidates at a few times the data
+# norm (frozen-output nets: 3.6-6.7 at ‖x_i‖ = 1, issue 39); diverged ones reached 1e62-1e102.
+BLOWUP = 1e3
 
 
 def sphere(l: int, d: int, r: float, g: torch.Generator) -> torch.Tensor:
@@ -63,19 +69,21 @@ class AttackResult:
     lam: torch.Tensor  # (B,l) final multipliers
     objective: torch.Tensor  # (B,) objective at the final candidates
     trace: torch.Tensor  # (B,T) objective at T evenly spaced steps (first: the init)
-    status: torch.Tensor  # (B,) int8: DONE, DIVERGED (non-finite objective; frozen there)
+    status: torch.Tensor  # (B,) int8: DONE, DIVERGED (the rule of BLOWUP above; frozen there)
 
 
 def optimise(W, b, v, x0, lam0, yc, *, lr_x, lr_lam, alpha, lam_min, steps: int, objective_name: str = "haim",
            box: bool = False, momentum: float = 0.9, feature_mask=None, n_trace: int = 11, blocks=None,
-           progress=None) -> AttackResult:
+           x_scale=None, progress=None) -> AttackResult:
     """Run ``steps`` SGD-momentum steps on every row. W (B,k,d), b, v (B,k) the attacked nets (float64),
     x0 (B,l,d), lam0 (B,l) the inits, yc (B,l) the fixed labels; lr_x, lr_lam, lam_min (B,) tensors;
     alpha (B,) the surrogate slope (None: exact step derivative, X004-2); feature_mask (B,d) zero past
     a row's true d (the gradient there is masked so padding stays zero); blocks (B,3) bool the trained
-    blocks W, b, v of each row's net (None: all). ``progress`` (optional): called as ``progress(steps
-    done, steps, loss)`` at every step (no device read); ``loss()`` gives the log of the worst finite
-    row's objective (a device read: the caller calls it only when it wants it)."""
+    blocks W, b, v of each row's net (None: all); x_scale (B,) each row's data scale for the divergence
+    rule (:data:`BLOWUP`; None: candidate norms unbounded, a non-finite or exploding objective still
+    counts). ``progress`` (optional): called as ``progress(steps done, steps, loss)`` at every step (no
+    device read); ``loss()`` gives the log of the worst finite row's objective (a device read: the
+    caller calls it only when it wants it)."""
     x, lam = x0.clone(), lam0.clone()
     bx, bl = torch.zeros_like(x), torch.zeros_like(lam)
     fm = torch.ones(x.shape[0], x.shape[2], dtype=x.dtype, device=x.device) if feature_mask is None else feature_mask
@@ -84,11 +92,16 @@ def optimise(W, b, v, x0, lam0, yc, *, lr_x, lr_lam, alpha, lam_min, steps: int,
     at = {round(t * steps / (T - 1)): t for t in range(T)}
     trace = torch.full((x.shape[0], T), math.nan, dtype=x.dtype, device=x.device)
     lr_x3, lr_l2 = lr_x.view(-1, 1, 1), lr_lam.view(-1, 1)
+    x_max = None if x_scale is None else BLOWUP * x_scale.to(x.dtype)
+    obj0 = None
     for step in range(steps + 1):
         x.requires_grad_(True)
         lam.requires_grad_(True)
         obj = objective(objective_name, W, b, v, x, yc, lam, alpha=alpha, lam_min=lam_min, box=box,
                         feature_mask=fm, blocks=blocks)
+        with torch.no_grad():
+            obj0 = obj.detach().abs().clamp_min(1e-300) if obj0 is None else obj0
+            live = live & sane(obj.detach(), x.detach(), obj0, x_max)
         if step in at:
             trace[:, at[step]] = obj.detach()
         if progress is not None:
@@ -106,8 +119,17 @@ def optimise(W, b, v, x0, lam0, yc, *, lr_x, lr_lam, alpha, lam_min, steps: int,
             x = x.detach() - keep.view(-1, 1, 1) * lr_x3 * bx
             lam = lam.detach() - keep.view(-1, 1) * lr_l2 * bl
     obj = obj.detach()
-    status = torch.where(live & torch.isfinite(obj), DONE, DIVERGED).to(torch.int8)
+    status = torch.where(live, DONE, DIVERGED).to(torch.int8)
     return AttackResult(x.detach(), lam.detach(), obj, trace, status)
+
+
+def sane(obj: torch.Tensor, x: torch.Tensor, obj0: torch.Tensor, x_max: torch.Tensor | None) -> torch.Tensor:
+    """(B,) bool: the rows :data:`BLOWUP`'s rule leaves live: a finite objective at most BLOWUP² times
+    its init value ``obj0``, and (``x_max`` (B,) given) finite candidates of norm at most ``x_max``."""
+    ok = torch.isfinite(obj) & (obj <= BLOWUP**2 * obj0)
+    if x_max is not None:
+        ok = ok & torch.isfinite(x).flatten(1).all(1) & (x.norm(dim=-1).amax(-1) <= x_max)
+    return ok
 
 
 def _log_worst(obj: torch.Tensor) -> float:

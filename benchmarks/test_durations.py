@@ -1,0 +1,58 @@
+"""The test suite's time, test by test, from pytest's JUnit XML (``make test-durations``).
+
+Writes ``benchmarks/results/test_durations.json``: every test's seconds (setup + call + teardown,
+as the JUnit report sums them), the suite's wall time if given, the machine's load before and after,
+and prints the 30 slowest.
+
+    python benchmarks/test_durations.py .test-durations.xml [--wall SECONDS] [--top 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import platform
+import xml.etree.ElementTree as ET
+
+RESULTS = pathlib.Path(__file__).resolve().parent / "results"
+
+
+def read(xml: str) -> list[dict]:
+    """One row per test case: its id (``file::name``), seconds and outcome."""
+    rows = []
+    for case in ET.parse(xml).getroot().iter("testcase"):
+        outcome = next((c.tag for c in case if c.tag in ("failure", "error", "skipped")), "passed")
+        path = case.get("classname", "").replace(".", "/") + ".py"
+        rows.append({"test": f"{path}::{case.get('name')}", "seconds": float(case.get("time", 0.0)),
+                     "outcome": outcome})
+    return sorted(rows, key=lambda r: -r["seconds"])
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("xml")
+    ap.add_argument("--wall", type=float, help="the suite's wall time in seconds, as measured by the caller")
+    ap.add_argument("--top", type=int, default=30)
+    ap.add_argument("--out", default=str(RESULTS / "test_durations.json"))
+    a = ap.parse_args(argv)
+    rows = read(a.xml)
+    by_file: dict[str, float] = {}
+    for r in rows:
+        f = r["test"].split("::")[0]
+        by_file[f] = by_file.get(f, 0.0) + r["seconds"]
+    out = {"machine": {"host": platform.node(), "cpu_count": os.cpu_count(), "load_avg_1m_after": os.getloadavg()[0]},
+           "wall_s": a.wall, "tests": len(rows), "test_seconds_sum": sum(r["seconds"] for r in rows),
+           "outcomes": {o: sum(r["outcome"] == o for r in rows) for o in ("passed", "failure", "error", "skipped")},
+           "by_file": dict(sorted(by_file.items(), key=lambda kv: -kv[1])), "rows": rows}
+    pathlib.Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
+    print(f"{len(rows)} tests, {out['test_seconds_sum']:.0f} s of test time"
+          + (f", {a.wall:.0f} s wall" if a.wall else "") + f"; the {a.top} slowest:")
+    for r in rows[:a.top]:
+        print(f"  {r['seconds']:7.1f} s  {r['test']}")
+    print("wrote", a.out)
+
+
+if __name__ == "__main__":
+    main()
