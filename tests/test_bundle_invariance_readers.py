@@ -191,6 +191,7 @@ def test_train_kkt_net_is_bit_identical_alone_and_bundled():
     assert out.returncode == 0, out.stderr[-3000:]
 
 
+@pytest.mark.requires_services
 def test_mkl_cbwr_reaches_the_dask_workers_kktlab_starts(monkeypatch):
     from distributed import Client, LocalCluster
 

@@ -154,17 +154,55 @@ def test_forgotten_and_retained_points_reported_apart():
 
 
 def test_a_cells_numbers_do_not_depend_on_its_bundle():
-    """Net 1 alone (cut to d = 2, width 3) gives exactly its numbers in the padded bundle; the same net
-    read as another upstream cell gets other random numbers (seeded by the upstream cell, not position)."""
+    """Net 1 alone (cut to d = 2, width 3) gives exactly its numbers in the padded bundle."""
     both = exp_mod.run_bundle([_cell(**CHEAP)] * 2, inputs=_nets())
     alone = exp_mod.run_bundle([_cell(**CHEAP)], inputs=_nets().select([1]))
     for key in ("logvol", "logvol_stderr", "log_grad_norm"):
         np.testing.assert_array_equal(both[1][key], alone[0][key])
+
+
+def test_identical_nets_get_identical_estimates_whatever_their_grid_coordinates():
+    """Issue 41: the estimator's stream is the net's content, the point and the estimator seed. The same
+    net read as two upstream cells with other coordinates (unlearn's identity at alpha 0.5 and 1.0)
+    and measuring another number of points gets bit-identical numbers; another estimator seed, or a
+    net differing in one bit of one weight, gets other ones (a stream keyed on the upstream cell's
+    coordinates fails the first assertion, one keyed on nothing the last two)."""
+    base = _nets().select([1])
+    base.cells = [{"seed": 0, "d": 2, "method": "identity", "alpha": 0.5}]
     other = _nets().select([1])
-    other.cells = [{"seed": 7, "d": 2}]
-    moved = exp_mod.run_bundle([_cell(**CHEAP)], inputs=other)[0]
-    assert not np.array_equal(moved["logvol"][:2], alone[0]["logvol"][:2])
-    np.testing.assert_array_equal(moved["log_grad_norm"], alone[0]["log_grad_norm"])
+    other.cells = [{"seed": 7, "d": 2, "method": "identity", "alpha": 1.0}]
+    a = exp_mod.run_bundle([_cell(**CHEAP)], inputs=base)[0]
+    b = exp_mod.run_bundle([_cell(**dict(CHEAP, points=3))], inputs=other)[0]
+    assert np.isfinite(a["logvol"][:2]).all()
+    for key in ("logvol", "logvol_stderr", "log_grad_norm", "point_status"):
+        np.testing.assert_array_equal(a[key][:2], b[key][:2])
+    reseeded = exp_mod.run_bundle([_cell(**dict(CHEAP, seed=1))], inputs=base)[0]
+    assert (reseeded["logvol"][:2] != a["logvol"][:2]).all()
+    np.testing.assert_array_equal(reseeded["log_grad_norm"], a["log_grad_norm"])
+    nudged = _nets().select([1])
+    nudged.W[0, 0, 0] = torch.nextafter(nudged.W[0, 0, 0], torch.tensor(math.inf, dtype=DT))
+    moved = exp_mod.run_bundle([_cell(**CHEAP)], inputs=nudged)[0]
+    assert (moved["logvol"][:2] != a["logvol"][:2]).all()
+
+
+def test_point_generator_keys_on_content_point_and_seed():
+    """The stream's key: same content -> same stream (copies, non-contiguous views); the point index,
+    the estimator seed, an estimator param, the trained blocks and each array of the net change it;
+    ``points`` does not."""
+    W, b, v = _net(3, 2, 0)
+    X = torch.randn(4, 2, dtype=DT, generator=torch.Generator().manual_seed(5))
+    y = torch.tensor([1.0, -1, 1, -1], dtype=DT)
+    own = _cell(**CHEAP)
+
+    def draw(own=own, W=W, b=b, v=v, X=X, y=y, trained=ALL, i=0):
+        return torch.rand(4, generator=fn.point_generator(own, W, b, v, X, y, trained, i)).tolist()
+
+    ref = draw()
+    assert draw(W=W.T.clone().T, X=torch.cat([X, X], 1)[:, :2]) == ref  # non-contiguous views, same bytes
+    assert draw(own=dict(own, points=-1)) == ref
+    changed = [draw(i=1), draw(own=dict(own, seed=1)), draw(own=dict(own, eps=0.2)), draw(trained=frozenset({"W"})),
+               draw(W=W + 1e-12), draw(b=-b), draw(v=v * 2), draw(X=X.flip(0)), draw(y=-y)]
+    assert all(c != ref for c in changed) and len({tuple(c) for c in changed}) == len(changed)
 
 
 ROWS = lambda *on: (lambda: torch.tensor([on, on], dtype=torch.bool))  # noqa: E731 - Nets.trained() form
@@ -200,3 +238,128 @@ def test_config_refusals_name_the_field(over, field):
         exp_mod.EXPERIMENT.check(_cell(**over))
     assert field in str(err.value)
     exp_mod.EXPERIMENT.check(_cell())
+
+
+# --- issue 41: the stated error against plain Monte Carlo on known answers ------------------------
+
+Z95 = 1.959963984540054
+
+
+def _kkt_net(d: int, m: int, width: int, seed: int) -> dict:
+    """One net as the CI chain trains it (configs/pipeline-small.yaml's train_kkt: frozen ±1/√width
+    output layer, W trained, logistic loss, 3000 GD steps from init scale 1e-3), called directly."""
+    from flows import experiments
+
+    exp = experiments.get("train_kkt")
+    cell = dict({k: p.default for k, p in exp.params.items()}, d=d, m=m, width=width, epochs=3000, lr=1.0, wd=0.0,
+                init_scale=1e-3, seed=seed)
+    out = exp.run_bundle([cell], "cpu")[0]
+    return {k: torch.as_tensor(out[k]) for k in ("W", "b", "v", "X", "y")}
+
+
+def _mc_log_volume(net: dict, i: int, eps: float, centre: torch.Tensor, r: float, n: int, seed: int):
+    """Plain MC, written apart from forge_net: x' uniform in B_r(centre) ∩ B_R(0) (R = the largest ‖x_j‖),
+    ∇_W softplus(−y f(x')) = −σ(−q) y (v ⊙ 1[Wx' + b > 0]) x'ᵀ, hit if within eps·‖∇_W ℓ(x_i)‖ of
+    ∇_W ℓ(x_i). Returns (log volume, its standard error)."""
+    W, b, v, X, y = (net[k] for k in ("W", "b", "v", "X", "y"))
+    d, R = X.shape[1], float(X.norm(dim=1).max())
+
+    def grads(Z):
+        H = Z @ W.T + b
+        q = y[i] * (torch.relu(H) @ v)
+        return (-torch.sigmoid(-q) * y[i])[:, None, None] * ((H > 0) * v)[:, :, None] * Z[:, None, :]
+
+    g_i = grads(X[i][None])[0]
+    gen = torch.Generator().manual_seed(seed)
+    h = 0
+    for start in range(0, n, 250_000):
+        u = torch.randn(min(250_000, n - start), d, dtype=DT, generator=gen)
+        Z = centre + r * torch.rand(u.shape[0], 1, dtype=DT, generator=gen) ** (1 / d) * u / u.norm(dim=1, keepdim=True)
+        h += int((((grads(Z) - g_i).flatten(1).norm(dim=1) <= eps * g_i.norm()) & (Z.norm(dim=1) < R)).sum())
+    return math.log(h / n) + math.log(math.pi ** (d / 2) / math.gamma(d / 2 + 1) * r ** d), math.sqrt((1 - h / n) / h)
+
+
+def _seeds(net: dict, i: int, eps: float, n_samples: int, n_importance: int, seeds) -> list:
+    W, b, v, X, y = (net[k] for k in ("W", "b", "v", "X", "y"))
+    problem, _ = fn.forging_problem(W, b, v, X[i], y[i], frozenset({"W"}), "logistic", float(X.norm(dim=1).max()))
+    return [ESTIMATORS["subset_importance"](problem, eps, generator=torch.Generator().manual_seed(s),
+                                            n_samples=n_samples, n_repeats=10, n_importance=n_importance)
+            for s in seeds]
+
+
+def test_stated_interval_covers_plain_mc_on_a_small_net(one_torch_thread):
+    """Issue 41, coverage on a known answer: a train_kkt net at d = 3 (width 6), point 1, eps = 0.5, whose
+    forging volume plain MC over the whole domain B_R gives to ±0.012 (3e6 draws, no assumption on where
+    the set lies). Over 20 estimator seeds at n_samples 100, n_importance 10,000, every estimate is
+    finite and marked reliable, the stated 95 % interval covers the MC value in >= 18 of 20 and the
+    spread over seeds is within 1.5× of the stated SE. Measured (benchmarks/forge_coverage.py, 50 seeds):
+    coverage 0.96, spread / rms stated SE 1.01, bias -0.007; these 20 seeds: 19 covered, ratio 0.94. A stated
+    SE halved or doubled fails here, as does a biased estimate (the proposal density without its chart
+    Jacobian)."""
+    net = _kkt_net(3, 4, 6, 0)
+    truth, truth_se = _mc_log_volume(net, 1, 0.5, torch.zeros(3, dtype=DT), float(net["X"].norm(dim=1).max()),
+                                     3_000_000, seed=1001)
+    assert truth_se < 0.015
+    ests = _seeds(net, 1, 0.5, 100, 10_000, range(20))
+    lv = np.array([e.log_volume for e in ests])
+    se = np.array([e.log_volume_stderr for e in ests])
+    assert np.isfinite(lv).all() and np.isfinite(se).all()
+    assert all(e.extra["reliable"] for e in ests)
+    covered = np.abs(lv - truth) <= Z95 * np.hypot(se, truth_se)
+    assert covered.sum() >= 18, (truth, lv.round(3).tolist(), se.round(3).tolist())
+    ratio = lv.std(ddof=1) / math.sqrt((se ** 2).mean())
+    assert 1 / 1.5 <= ratio <= 1.5, ratio
+
+
+def test_an_estimate_outside_its_interval_is_never_marked_reliable(one_torch_thread):
+    """Issue 41 on the CI chain's own setting (configs/pipeline-small.yaml: train_kkt d = 10, width 8,
+    eps = 0.3, W trained, n_samples 100, n_importance 1000): net seed 0, point 1, whose log-volume plain MC
+    on B_0.35(x_i) gives to ±0.02 (the benchmark's 2e6 draws: -13.588 ± 0.005, B_0.45 agrees). Over 20
+    estimator seeds: none stalls or returns -inf (the level function without g's plateau at 1; before:
+    8 of 40 stalled and 8 returned -inf "ok"), several miss the truth by more than their stated 95 %
+    interval (800 importance draws, ESS ~18: the stated SE is ~0.6× the spread and the estimates ~0.2
+    low), and every one that misses is marked unreliable. The pre-issue-41 rule (Pareto k̂ <= 0.7, or NaN)
+    passed 29 of 50 such results, of which 34 % missed."""
+    net = _kkt_net(10, 4, 8, 0)
+    truth, truth_se = _mc_log_volume(net, 1, 0.3, net["X"][1], 0.35, 200_000, seed=1001)
+    assert truth_se < 0.025 and abs(truth - (-13.588)) < 4 * truth_se  # the benchmark's 2e6-draw value
+    ests = _seeds(net, 1, 0.3, 100, 1000, range(20))
+    assert not any(e.extra.get("stalled") for e in ests)
+    lv = np.array([e.log_volume for e in ests])
+    se = np.array([e.log_volume_stderr for e in ests])
+    assert np.isfinite(lv).all() and np.isfinite(se).all()
+    missed = np.abs(lv - truth) > Z95 * np.hypot(se, truth_se)
+    assert missed.sum() >= 3  # the starved setting does miss: the check below has something to catch
+    reliable = np.array([e.extra["reliable"] for e in ests])
+    assert not (missed & reliable).any(), [(float(a), float(s), e.extra.get("ess"), e.extra.get("pareto_khat"))
+                                           for a, s, e, m in zip(lv, se, ests, missed & reliable) if m]
+
+
+def test_a_volume_that_is_not_finite_is_never_ok(monkeypatch):
+    """A -inf volume (every subset-simulation run died although the pilot reached eps: x_i is in the
+    set) or a NaN SE is point_status 3, never 0, whatever the estimator's flags say; and
+    subset_importance flags an all-dead subset simulation itself (reliable False)."""
+    from tasks.forging.estimators import VolumeEstimate
+
+    fake = {"value": (-math.inf, math.nan, {})}
+    monkeypatch.setitem(fn.ESTIMATORS, "subset_importance",
+                        lambda problem, eps, **kw: VolumeEstimate("fake", fake["value"][0], fake["value"][1], 1, 0,
+                                                                  fake["value"][0], fake["value"][2]))
+    nets = _nets().select([1])
+    cell = _cell(estimator="subset_importance", points=1)
+    for value, status in [((-math.inf, math.nan, {}), 3), ((-5.0, math.nan, {}), 3), ((-5.0, 0.1, {}), 0),
+                          ((-5.0, 0.1, {"reliable": False}), 3), ((math.nan, math.nan, {"stalled": True}), 2)]:
+        fake["value"] = value
+        out = exp_mod.run_bundle([cell], inputs=nets)[0]
+        assert out["point_status"][0] == status, value
+        assert (out["n_failed"] == 0) == (status == 0)
+        assert np.isfinite(out["logvol"][0]) == (status == 0)
+    monkeypatch.undo()
+    import tasks.forging.estimators.importance as imp
+
+    dead = VolumeEstimate("subset_simulation", -math.inf, math.nan, 10, 0, -math.inf, {"n_levels": 3})
+    monkeypatch.setattr(imp, "subset_simulation_samples", lambda *a, **kw: (dead, None, None))
+    problem, _ = fn.forging_problem(*_net(3, 2, 0), torch.tensor([0.6, -0.3], dtype=DT), torch.tensor(1.0, dtype=DT),
+                                    ALL, "logistic", 1.5)
+    est = imp.subset_importance(problem, 0.3, generator=torch.Generator().manual_seed(0))
+    assert est.log_volume == -math.inf and est.extra["reliable"] is False and est.extra["subset_only"]

@@ -300,3 +300,27 @@ def test_estimators_registry_and_bad_inputs(linreg, torch_gen):
     with pytest.raises(ValueError, match="d must"):
         slab_problem(make_model("linreg", 1, 0, torch_gen(0)), torch.zeros(2, dtype=torch.float64), 1.0)
     assert log_ball_volume(3) == pytest.approx(math.log(4 * math.pi / 3))
+
+
+def test_subset_simulation_levels_step_below_a_plateau_of_the_level_function():
+    """Issue 41: where g is constant on a region holding more than the p0-quantile (ties: forge_net's
+    g = 1 on the all-off cone), the pilot's level goes just below the plateau, seeded by the points
+    under it, instead of sitting at the plateau's value (which kept the plateau in every run's population
+    and starved the next level: runs died, or the pilot stalled there). Problem: ξ ~ N(0, I_2),
+    g = 1 on {ξ1 < 0} (half the mass), exp(1.5 − ξ2) on {ξ1 >= 0, ξ2 > 1.5} (3.3 %), 2 + ξ1² elsewhere;
+    P(g <= eps) = Φ̄(1.5 − log eps)/2 exactly. Every level is off the plateau value and the estimate at
+    eps = 0.1 (p = 3.6e-5) is within 3 stated SE of the exact one."""
+    from tasks.forging.problems import ForgingProblem
+
+    def evaluate(xi):
+        g = torch.where(xi[:, 0] < 0, torch.ones_like(xi[:, 0]),
+                        torch.where(xi[:, 1] > 1.5, torch.exp(1.5 - xi[:, 1]), 2 + xi[:, 0] ** 2))
+        return g, torch.ones_like(g)
+
+    problem = ForgingProblem(2, evaluate, "indicator", 0.0, 1, math.inf, "plateau at g = 1")
+    eps = 0.1
+    exact = math.log(0.5 * 0.5 * math.erfc((1.5 - math.log(eps)) / math.sqrt(2)))
+    est = subset_simulation(problem, eps, generator=torch.Generator().manual_seed(3), n_samples=100, n_repeats=10)
+    levels = est.extra["levels"]
+    assert not est.extra.get("stalled") and levels[0] < 1 and all(b != 1.0 for b in levels), levels
+    assert abs(est.log_volume - exact) <= 3 * est.log_volume_stderr, (est.log_volume, exact, est.log_volume_stderr)

@@ -72,6 +72,7 @@ def _written_by_a_worker(cfg, store):
     return write_bundle({"store": store, "group": cfg.name, "indices": cells}, results)
 
 
+@pytest.mark.requires_services
 def test_results_of_a_killed_run_are_taken_from_the_cache(prefect_server, tmp_path, reference):
     """A bundle computed and written but not marked done (a kill in between) is marked done from its
     receipt, said in the run's stats, not recomputed, and the receipt is dropped."""
@@ -85,6 +86,7 @@ def test_results_of_a_killed_run_are_taken_from_the_cache(prefect_server, tmp_pa
     _same({k: v for k, v in got.items()}, reference)
 
 
+@pytest.mark.requires_services
 def test_tampered_cache_never_runs_and_is_recomputed(prefect_server, tmp_path, reference, capfd):
     """Issue 12 item 3: a pickle payload that would create a file, planted where the cache file goes
     and in Prefect's own result storage, is never executed; the cell is recomputed and the file set aside."""
@@ -106,6 +108,7 @@ def test_tampered_cache_never_runs_and_is_recomputed(prefect_server, tmp_path, r
 
 
 @pytest.mark.parametrize("damage", ["other_key", "extra_variable", "text_value", "not_in_the_store", "truncated"])
+@pytest.mark.requires_services
 def test_cache_file_that_does_not_match_is_recomputed(prefect_server, tmp_path, reference, damage):
     """A receipt of another bundle (copied in), with an undeclared field, a text where a number
     goes, recording values the store does not hold, or cut short: set aside, recomputed; the
@@ -279,6 +282,7 @@ def test_a_sigterm_prefect_raised_inside_pydantic_is_still_a_stop(monkeypatch):
     assert logging.getLogger("prefect").level == logging.CRITICAL
 
 
+@pytest.mark.requires_services
 def test_a_rerun_that_bundles_otherwise_uses_the_killed_runs_receipts(prefect_server, tmp_path):
     """Issue 29 item 3: a run killed after a worker wrote and receipted 2 of 6 cells; the rerun's
     bundles would be cut otherwise (4 cells are left to cut, another bundle size), so it cuts the
@@ -307,6 +311,7 @@ def test_a_rerun_that_bundles_otherwise_uses_the_killed_runs_receipts(prefect_se
     _same(_values(store), _values(ref))
 
 
+@pytest.mark.requires_services
 def test_stray_receipts_are_removed_at_the_end_of_a_run(prefect_server, tmp_path):
     """A receipt no bundle of the run uses (cells done since, or written by older code) is removed
     once every cell is done, and counted."""

@@ -50,17 +50,20 @@ def reset_calls():
     CALLS.update(n=0, cells=[])
 
 
+@pytest.mark.requires_services
 def test_transient_crash_is_retried_until_it_succeeds(prefect_server, tmp_path):
     stats = run(cfg("crash"), str(tmp_path / "s.zarr"))
     assert CALLS["n"] == 3 and stats["written"] == 2 and stats["failed"] == 0
 
 
+@pytest.mark.requires_services
 def test_config_error_is_not_retried_and_names_the_problem(prefect_server, tmp_path):
     with pytest.raises(UserError, match="field 'mode' is not usable"):
         run(cfg("config"), str(tmp_path / "s.zarr"))
     assert CALLS["n"] == 1
 
 
+@pytest.mark.requires_services
 def test_numerical_failure_is_stored_per_cell_and_the_rest_finish(prefect_server, tmp_path):
     """Issue 12 item 5: seed 1 raises LinAlgError. The bundle (seeds 0-3) is split, the other cells
     are stored, seed 1 is stored as failed with its error, nothing is retried; a rerun leaves it
@@ -85,6 +88,7 @@ def test_numerical_failure_is_stored_per_cell_and_the_rest_finish(prefect_server
     assert CALLS["cells"] == [[1]] and retried["failed"] == 1
 
 
+@pytest.mark.requires_services
 def test_retried_failure_that_now_works_is_cleared(prefect_server, tmp_path):
     store = str(tmp_path / "s.zarr")
     run(cfg("numeric", seeds=(0, 1)), store)

@@ -10,6 +10,7 @@ def _malloc_env():
     return {k: os.environ.get(k) for k in ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_")}
 
 
+@pytest.mark.requires_services
 def test_local_cluster_worker_gets_malloc_thresholds_issue19(monkeypatch):
     from distributed import Client, LocalCluster
 

@@ -31,7 +31,8 @@ P = {
                           min=100, max=10**9),
     "points": Param(int, 4, "training points measured per net: the first `points` (-1: all), plus every point "
                     "an upstream unlearn stage forgot", min=-1, max=10**6),
-    "seed": Param(int, 0, "estimator seed (with the cell's params, the upstream cell and the point index)",
+    "seed": Param(int, 0, "estimator seed (with the net's content, the point index and the other estimator "
+                  "params; never the upstream cell's coordinates: identical nets get identical estimates)",
                   min=0, max=2**32 - 1),
     "loss": Param(str, "logistic", "the per-example loss ℓ(y f(x)) the nets were trained with (taken from the "
                   "upstream cell where it has one)", choices=("logistic", "exp")),
@@ -55,8 +56,9 @@ V = {
     "logvol_stderr": Var("1", "the estimator's stated standard error of logvol (≈ relative error of the volume)",
                          dims=_s),
     "log_grad_norm": Var("1", "log ‖∇_θ ℓ(θ; x_i, y_i)‖ over the trained blocks (the unit of eps)", dims=_s),
-    "point_status": Var("1", "0 ok, 2 estimator stalled, 3 flagged unreliable (Pareto k-hat > 0.7), "
-                        "4 zero gradient at x_i; NaN where not measured", dims=_s),
+    "point_status": Var("1", "0 ok, 2 estimator stalled, 3 unreliable (flagged by the estimator: Pareto k-hat, "
+                        "ESS < 100, < 10 hits; or no finite volume and SE), 4 zero gradient at x_i; NaN where not "
+                        "measured", dims=_s),
     "wall_s": Var("s", "bundle wall time divided by its cells", finite=True),
 }
 
@@ -95,7 +97,7 @@ def run_bundle(cells: list[dict], device: str = "auto", inputs=None) -> list[dic
         k, d, m = int(n.width[e]), int(n.d[e]), int(n.m[e])
         own = {key: cell[key] for key in P}
         out.append(cell_fn.measure_net(n.W[e, :k, :d], n.b[e, :k], n.v[e, :k], n.X[e, :m, :d], n.y[e, :m], fg,
-                                       trained_blocks(n, e), own, n.cells[e], progress=progress))
+                                       trained_blocks(n, e), own, progress=progress))
     return out
 
 

@@ -31,7 +31,9 @@ __all__ = ["BLOCKS", "grad_factors", "loss_grad", "forging_problem", "measure_ne
 
 BLOCKS = ("W", "b", "v")
 # per point: 0 ok, 2 estimator stalled (eps below the mismatch's minimum on B_R, e.g. x_i outside it),
-# 3 estimate flagged unreliable by its estimator (Pareto k-hat > 0.7), 4 zero gradient at x_i
+# 3 estimate unreliable: flagged by its estimator (importance weights: Pareto k-hat too large, ESS < 100,
+# fewer than 10 hits) or not a finite volume with a finite SE (the set holds x_i: -inf is a failed
+# estimate, never a volume), 4 zero gradient at x_i
 STATUS = {"ok": 0, "stalled": 2, "unreliable": 3, "zero_grad": 4}
 MAX_LOG_RATIO = 300.0  # cap on log |ℓ'(q')/ℓ'(q_i)| (a badly misclassified x'): keeps g finite, far above eps
 
@@ -66,10 +68,19 @@ def loss_grad(W, b, v, X, y, trained, loss: str) -> torch.Tensor:
 
 
 def forging_problem(W, b, v, x_i, y_i, trained, loss: str, R: float) -> tuple[ForgingProblem, float]:
-    """The volume of S_ε ∩ B_R(0) for ε = eps·‖∇ℓ(x_i)‖ as a ForgingProblem in relative units: level
-    g(x') = ‖∇ℓ(x') − ∇ℓ(x_i)‖ / ‖∇ℓ(x_i)‖ = ‖exp(a' − a_i) J' − J_i‖ / ‖J_i‖ (Eq 1), x' uniform in
-    B_R (latent (ξ0, ξ) ↦ R Φ(ξ0)^{1/d} ξ/‖ξ‖, spec §6 item 5), indicator weight. Also returns
-    log ‖∇ℓ(x_i)‖ (−inf when it is zero)."""
+    """The volume of S_ε ∩ B_R(0) for ε = eps·‖∇ℓ(x_i)‖ as a ForgingProblem in relative units (eps < 1):
+    mismatch g(x') = ‖∇ℓ(x') − ∇ℓ(x_i)‖ / ‖∇ℓ(x_i)‖ = ‖exp(a' − a_i) J' − J_i‖ / ‖J_i‖ (Eq 1), x' uniform
+    in B_R (latent (ξ0, ξ) ↦ R Φ(ξ0)^{1/d} ξ/‖ξ‖, spec §6 item 5), indicator weight. Also returns
+    log ‖∇ℓ(x_i)‖ (−inf when it is zero).
+
+    The level function the estimators descend is g where g < 1 and 1 + ‖x' − x_i‖/R where g >= 1
+    (issue 41): the same set {level <= eps} as {g <= eps} for every eps < 1 (``eps_max`` just below 1),
+    so the same volume, but without g's plateau g = 1 on the all-off cone {Wx' + b <= 0} (ties that
+    stalled subset simulation's pilot there: 8 of 40 seeds at n_samples = 100 on a train_kkt net) nor
+    the barrier g > 1 between that cone and x_i's activation region (the runs seeded on the plateau
+    died at the next level: 8 more of 40 returned −inf; with the plateau rule of the pilot alone,
+    3 of 20 still stalled and 1 returned −inf). Above 1 the level leads to x_i, a member of
+    the set; every region with g < 1 stays in every level, so no mode of g is cut off."""
     d = x_i.numel()
     a_i, J_i = grad_factors(W, b, v, x_i[None], y_i.reshape(1), trained, loss)
     a_i, J_i = a_i[0], J_i[0]
@@ -80,18 +91,31 @@ def forging_problem(W, b, v, x_i, y_i, trained, loss: str, R: float) -> tuple[Fo
         a, J = grad_factors(W, b, v, z, y_i.expand(z.shape[0]), trained, loss)
         r = torch.exp((a - a_i).clamp_max(MAX_LOG_RATIO))
         g = (r[:, None] * J - J_i).norm(dim=1) / nJ
-        return g, torch.ones_like(g)
+        level = torch.where(g < 1, g, 1 + (z - x_i).norm(dim=1) / R)
+        return level, torch.ones_like(g)
 
-    problem = ForgingProblem(d + 1, evaluate, "indicator", log_ball_volume(d, R), 1, math.inf,
+    problem = ForgingProblem(d + 1, evaluate, "indicator", log_ball_volume(d, R), 1, math.nextafter(1.0, 0.0),
                              f"two-layer ReLU net, x' uniform in B_{R:.4g}(0) ⊂ R^{d}, y' = y_i", ((1, d + 1),))
     return problem, float(a_i + torch.log(nJ)) if nJ > 0 else -math.inf
 
 
-def point_generator(seed: int, own: dict, upstream: dict, i: int) -> torch.Generator:
-    """The estimator's generator for training point i: from the cell's own params, the upstream cell
-    (its fixed params and coordinates) and i, never from a position in the bundle."""
-    key = f"{seed}|{sorted(own.items())!r}|{sorted(upstream.items())!r}|{i}"
-    return torch.Generator().manual_seed(int(hashlib.sha256(key.encode()).hexdigest()[:15], 16))
+def point_generator(own: dict, W, b, v, X, y, trained, i: int) -> torch.Generator:
+    """The estimator's generator for training point i, a function of what the point's estimate is
+    (issue 41): the net's own content (the bytes of W, b, v, X, y as float64, cut to its own sizes,
+    and the trained blocks), the point index i, the estimator seed ``own["seed"]`` and the cell's
+    other estimator params (eps, R, estimator, sizes, loss), except ``points`` (how many points are
+    measured changes no point's problem). Never a grid coordinate of the upstream cell (unlearn's
+    alpha, its method name, a net's training seed as a label) nor a position in the bundle: two
+    bit-identical nets get bit-identical estimates wherever they sit in the grid, and a resumed or
+    recomputed cell reproduces its stored values (hence its content hash, storage/hashing.py)."""
+    h = hashlib.sha256()
+    params = sorted((k, val) for k, val in own.items() if k != "points")
+    h.update(f"{params!r}|{sorted(trained)!r}|{i}".encode())
+    for t in (W, b, v, X, y):
+        a = t.detach().to(torch.float64).contiguous()
+        h.update(f"|{tuple(a.shape)}|".encode())
+        h.update(a.numpy().tobytes())
+    return torch.Generator().manual_seed(int(h.hexdigest()[:15], 16))
 
 
 def measured_points(forgotten: torch.Tensor, points: int) -> torch.Tensor:
@@ -100,7 +124,7 @@ def measured_points(forgotten: torch.Tensor, points: int) -> torch.Tensor:
     return forgotten | (torch.arange(m) < (m if points < 0 else points))
 
 
-def measure_net(W, b, v, X, y, forgotten, trained, own: dict, upstream: dict, progress=None) -> dict:
+def measure_net(W, b, v, X, y, forgotten, trained, own: dict, progress=None) -> dict:
     """One cell: the forging log-volume of the measured training points of one net (its own sizes:
     W (k, d), b, v (k), X (m, d), y (m); ``forgotten`` (m,) bool). Measured: the first ``points``
     (-1: all) and every forgotten point. Per point (m,): logvol, logvol_stderr (the estimator's
@@ -123,11 +147,12 @@ def measure_net(W, b, v, X, y, forgotten, trained, own: dict, upstream: dict, pr
         if not math.isfinite(lgn[i]):
             status[i] = STATUS["zero_grad"]
             continue
-        gen = point_generator(own["seed"], own, upstream, i)
+        gen = point_generator(own, W, b, v, X, y, trained, i)
         est = ESTIMATORS[own["estimator"]](problem, own["eps"], generator=gen, **sizes)
         evals += est.n_gradient_evals
+        finite = math.isfinite(est.log_volume) and math.isfinite(est.log_volume_stderr)
         status[i] = STATUS["stalled"] if est.extra.get("stalled") else \
-            STATUS["unreliable"] if not est.extra.get("reliable", True) else STATUS["ok"]
+            STATUS["unreliable"] if not (est.extra.get("reliable", True) and finite) else STATUS["ok"]
         if status[i] == STATUS["ok"]:
             logvol[i], stderr[i] = est.log_volume, est.log_volume_stderr
     if progress is not None:

@@ -161,7 +161,8 @@ STATUS_UNRELIABLE = 3.0
 
 def _store_estimate(out: dict, est, log_ref: float) -> None:
     """Store an estimate. One its estimator flags unreliable (``extra["reliable"] = False``: the
-    importance weights' Pareto k̂ > 0.7, so neither the number nor its SE can be trusted; measured
+    importance weights' Pareto k̂ too large or their ESS < 100, see ``importance.trusted_weights``, or
+    every subset-simulation run died: neither the number nor its SE can be trusted; measured
     78-99.99 % off at p = 1e-30, label sampled) is kept out of every mean: log_volume,
     log_volume_stderr and log_probability are NaN, status 3, ``reliable`` 0 and the raw value is in
     ``log_volume_unreliable``."""

@@ -52,14 +52,24 @@ def _levels_pilot(problem: ForgingProblem, eps: float, N: int, n_seed: int, max_
     evals, sigma, levels, sigmas, moves = N, [0.5] * len(blocks), [], [], []
     for _ in range(max_levels):
         gs, order = torch.sort(g)
-        b = float(0.5 * (gs[n_seed - 1] + gs[n_seed]))
+        n_below = n_seed
+        if gs[n_seed - 1] == gs[n_seed]:
+            # the p0-quantile sits on a plateau of g (a tie, e.g. g = 1 on forge_net's all-off cone before
+            # its level function took the plateau out): a level at the plateau's value keeps the whole
+            # plateau, the next quantile lands on it again and the pilot stalls there, or the runs' next
+            # level finds no survivor (issue 41: 8 of 40 seeds stalled at n_samples = 100, 8 returned -inf;
+            # the two inspected died at the level after 1.0); the level goes just below the plateau
+            # instead, seeded by the points under it (none: it stays at the plateau, the chains explore it)
+            n_below = int((gs < gs[n_seed]).sum())
+        b = float(0.5 * (gs[n_below - 1] + gs[n_seed])) if n_below else float(gs[n_seed])
         if b <= eps:
             return levels, sigmas, moves, evals * problem.evals_per_point
         # stall: the level stopped decreasing (eps below min g on the domain, or an unreachable set)
         if len(levels) >= 5 and levels[-5] - b < 1e-4 * b:
             break
         levels.append(b)
-        cur_xi, cur_g = xi[order[:n_seed]], g[order[:n_seed]]
+        seeds = order[torch.arange(n_seed) % n_below] if n_below else order[:n_seed]  # all with g <= b
+        cur_xi, cur_g = xi[seeds], g[seeds]
         chain_xi, chain_g, rates = [cur_xi], [cur_g], [[] for _ in blocks]
         for step in range(steps - 1):
             j = step % len(blocks)
@@ -121,8 +131,9 @@ def subset_simulation_samples(problem: ForgingProblem, eps: float, *, generator:
                               target_accept: float = 0.44) -> tuple[VolumeEstimate, torch.Tensor | None, torch.Tensor | None]:
     """Subset simulation (Au & Beck 2001) in the unbiased fixed-level form (spec §6.5).
 
-    1. A pilot run (adaptive: each level is the p0-quantile of g, pCN scale adapted towards
-       ``target_accept``) fixes the levels b_1 > ... > b_L > eps and a pCN scale per level.
+    1. A pilot run (adaptive: each level is the p0-quantile of g, or just below a plateau of g the
+       quantile sits on; pCN scale adapted towards ``target_accept``) fixes the levels
+       b_1 > ... > b_L > eps and a pCN scale per level.
     2. ``n_repeats`` independent runs (one batched tensor) of ``n_samples`` points each: at level i
        the fraction of points with g <= b_i is recorded, p0·N seeds are drawn from those survivors by
        systematic resampling (every survivor seeds a chain when there are at most p0·N of them, spec
