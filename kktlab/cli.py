@@ -10,6 +10,7 @@ import sys
 
 from core.errors import UserError
 from kktlab import served, stopping, tables
+from kktlab.status_lines import left_out
 
 
 def check_prefect_api() -> None:
@@ -48,20 +49,6 @@ def _verify(store: str, group: str | None = None) -> list:
 
 def _cells(n: int) -> str:
     return f"{n} cell" if n == 1 else f"{n} cells"
-
-
-def _left_out(store: str, group: str, experiment: str) -> str:
-    """'8 diverged, 1 max_iters': done cells left out by their status (storage.query.left_out_by_status),
-    named by the experiment's declared status labels; '' when none."""
-    from flows import experiments
-    from storage.query import left_out_by_status
-
-    counts = left_out_by_status(store, group)
-    if not counts:
-        return ""
-    var = experiments.get(experiment).variables.get("status") if experiment in experiments.names() else None
-    names = dict(var.labels) if var is not None else {}
-    return ", ".join(f"{n} {names.get(v, f'status {v}')}" for v, n in sorted(counts.items()))
 
 
 def _damage_lines(store: str, report, limit: int | None = SHOWN_DAMAGED) -> list[str]:
@@ -214,7 +201,7 @@ def _print_stage(cfg, store, stats, table: str) -> None:
           .format(**stats))
     for line in stats["failures"]:
         print(f"  failed: {line}")
-    left = _left_out(store, cfg.name, cfg.experiment)
+    left = left_out(store, cfg.name, cfg.experiment)
     if left:
         print(f"  left out by status: {left} (stored as not-a-result; figures, tables and the report leave them out)")
 
@@ -259,7 +246,7 @@ def cmd_status(args) -> int:
         row = failures.get(r.group, {})
         if row.get("failed"):
             extra += f"  ({_cells(row['failed'])} failed: `kktlab run --retry-failed` computes them again)"
-        left = _left_out(args.store, r.group, r.experiment)
+        left = left_out(args.store, r.group, r.experiment)
         if left:
             extra += f"  ({left}: done, left out by status)"
         print(f"{r.group:<24} {r.experiment:<12} {r.sound:>7}/{r.total:<7} ({pct:.0f}%){extra}")

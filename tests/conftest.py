@@ -27,7 +27,26 @@ def has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
+DURATIONS = ROOT / "benchmarks" / "results" / "test_durations.json"  # make test-durations writes it
+
+
+def _slowest_files_first(items) -> None:
+    """Order the files by their recorded time, slowest first (a file's tests keep their order), so
+    pytest-xdist's workers (``--dist loadfile``) do not end on one long file while the other idles."""
+    import json
+
+    try:
+        by_file = json.loads(DURATIONS.read_text())["by_file"]
+    except (OSError, ValueError, KeyError):
+        return
+    first = {}
+    for i, item in enumerate(items):
+        first.setdefault(item.location[0], i)
+    items.sort(key=lambda it: (-by_file.get(it.location[0], 0.0), first[it.location[0]]))
+
+
 def pytest_collection_modifyitems(config, items):
+    _slowest_files_first(items)
     if has_cuda():
         return
     skip = pytest.mark.skip(reason="requires a CUDA GPU; none is visible (torch.cuda.is_available() is False)")

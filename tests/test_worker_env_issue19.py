@@ -3,6 +3,8 @@
 
 import os
 
+import pytest
+
 from deploy.runtime import QUIET_ENV, quiet_env
 
 
