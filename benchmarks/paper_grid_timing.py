@@ -28,9 +28,7 @@ has. What is capped to fit the slot, and how it is scaled back:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import itertools
-import math
 import os
 import pathlib
 import sys
@@ -40,15 +38,14 @@ import traceback
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from benchmarks.bundle_timing import nets_from, nnls_fit, predict, run_timed, slope  # noqa: E402
 from benchmarks.gpu_probe import nvidia_smi, write_json  # noqa: E402
-from flows import bundle_progress  # noqa: E402
+from benchmarks.paper004_timing import Paper004Timing  # noqa: E402
 from flows import config as config_mod  # noqa: E402
 from flows.bundles import make_bundles  # noqa: E402
 from flows.experiments import get as get_exp  # noqa: E402
-from storage.nets import Nets  # noqa: E402
 from tasks.cells.nonrobust import n_samples  # noqa: E402
 
 T_PAPER002 = 75_000  # iterations per run with the paper's schedule (spec 002 §7; appendix: 71,388-75,216)
@@ -57,151 +54,7 @@ SHAPES_002 = [(1.0, 500), (0.5, 100), (1.5, 1000), (1.2, 1000), (1.0, 1000), (0.
               (1.2, 500), (1.5, 600)]
 
 
-class Deadline(Exception):
-    pass
-
-
-class Clock:
-    """A bundle reporter (flows/bundle_progress.py's interface) that records (seconds, step) at each
-    report and raises :class:`Deadline` once past ``deadline`` (a perf_counter time)."""
-
-    active = True
-    share = (0, 1, 1)
-
-    def __init__(self, deadline: float):
-        self.deadline, self.t0, self.marks, self.total = deadline, time.perf_counter(), [], None
-
-    def __call__(self, steps=None, total=None, loss=None, target=None, **_):
-        now = time.perf_counter()
-        if steps is not None:
-            self.marks.append((now - self.t0, float(steps)))
-        if total is not None:
-            self.total = float(total)
-        if now > self.deadline:
-            raise Deadline(f"deadline passed at step {steps}")
-
-    def checkpointed(self):
-        pass
-
-    def due(self):
-        return False  # a kernel's loss is never read for a report (no host syncs added)
-
-    def within(self, base, steps):
-        return lambda done, of: self(steps=base + (done * steps) // max(of, 1))
-
-    @contextlib.contextmanager
-    def part(self, before, cells, of):
-        yield self
-
-
-def sync(dev):
-    if dev.type == "cuda":
-        torch.cuda.synchronize()
-
-
-def run_timed(fn, seconds: float, dev):
-    """``fn()`` under a Clock with ``seconds`` to go: (result or None, {wall_s, aborted, marks, peak})."""
-    clock = Clock(time.perf_counter() + seconds)
-    token = bundle_progress._CURRENT.set(clock)
-    if dev.type == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    sync(dev)
-    t0 = time.perf_counter()
-    res, err = None, None
-    try:
-        res = fn()
-    except Deadline as exc:
-        err = str(exc)
-    finally:
-        bundle_progress._CURRENT.reset(token)
-        sync(dev)
-    info = {"wall_s": time.perf_counter() - t0, "aborted_at_deadline": err is not None, "deadline_s": seconds}
-    if err:
-        info["deadline_note"] = err
-        done = max((s for _, s in clock.marks), default=0.0)
-        if clock.total and done > 0:  # the kernel's own progress count: the whole run at the same pace
-            info["progress_at_deadline"] = f"{done:.0f} of {clock.total:.0f}"
-            info["wall_s_extrapolated_from_progress"] = info["wall_s"] * clock.total / done
-    if dev.type == "cuda":
-        info["peak_gpu_mb"] = torch.cuda.max_memory_allocated() / 2**20
-    return res, info, clock.marks
-
-
-def slope(marks) -> tuple[float | None, float]:
-    """Seconds per step (least squares over the distinct steps after the first report) and the last step."""
-    pts = {}
-    for t, s in marks:
-        pts.setdefault(s, t)
-    ss = sorted(pts)
-    if len(ss) < 2:
-        return None, (ss[-1] if ss else 0.0)
-    x = np.array(ss, dtype=float)
-    y = np.array([pts[s] for s in ss], dtype=float)
-    a = np.polyfit(x, y, 1)[0]
-    return float(a), float(ss[-1])
-
-
-def nnls_fit(rows: list[dict], features, target: str) -> dict:
-    """Non-negative least squares of ``target`` on ``features`` (callables of a row) over ``rows``."""
-    from scipy.optimize import nnls
-
-    rows = [r for r in rows if r.get(target) is not None]
-    if not rows:
-        return {"coef": None, "n": 0}
-    A = np.array([[f(r) for f in features] for r in rows], dtype=float)
-    scale = np.maximum(np.abs(A).max(0), 1e-300)
-    coef, _ = nnls(A / scale, np.array([r[target] for r in rows], dtype=float))
-    coef = coef / scale
-    pred = A @ coef
-    return {"coef": coef.tolist(), "n": len(rows),
-            "rel_residuals": [float(p / r[target] - 1) if r[target] else None for p, r in zip(pred, rows)]}
-
-
-def predict(fit: dict, features, row: dict) -> float | None:
-    if not fit.get("coef"):
-        return None
-    return float(sum(c * f(row) for c, f in zip(fit["coef"], features)))
-
-
-def nets_from(results: list[dict], cells: list[dict], relabel: bool = False) -> Nets:
-    """A storage.nets.Nets of a train bundle's packed results (as a reading stage would load them from
-    the store). ``relabel``: y := sign(N(x)) on the real samples (every net separates its data)."""
-    E = len(results)
-    K = max(int(r["width_used"]) for r in results)
-    D = max(int(r["d_used"]) for r in results)
-    M = max(int(r["m_used"]) for r in results)
-    f64 = torch.float64
-    W, b, v = torch.zeros(E, K, D, dtype=f64), torch.zeros(E, K, dtype=f64), torch.zeros(E, K, dtype=f64)
-    X, y = torch.zeros(E, M, D, dtype=f64), torch.zeros(E, M, dtype=f64)
-    for e, r in enumerate(results):
-        k, d, m = int(r["width_used"]), int(r["d_used"]), int(r["m_used"])
-        W[e, :k, :d], b[e, :k], v[e, :k] = (torch.as_tensor(r[n], dtype=f64) for n in ("W", "b", "v"))
-        X[e, :m, :d], y[e, :m] = torch.as_tensor(r["X"], dtype=f64), torch.as_tensor(r["y"], dtype=f64)
-    m = torch.tensor([int(r["m_used"]) for r in results])
-    mask = torch.arange(M)[None, :] < m[:, None]
-    if relabel:
-        out = torch.bmm(torch.relu(torch.baddbmm(b.unsqueeze(1), X, W.transpose(1, 2))), v.unsqueeze(-1)).squeeze(-1)
-        y = torch.where(out >= 0, 1.0, -1.0).to(f64) * mask
-    rng = torch.stack([torch.as_tensor(np.asarray(r["batch_rng_state"]), dtype=torch.uint8) for r in results])
-    return Nets(W, b, v, X, y, mask, torch.tensor([int(r["d_used"]) for r in results]), m,
-                torch.tensor([int(r["width_used"]) for r in results]), rng, list(cells), [""] * E)
-
-
-def untrained_nets(cells: list[dict]) -> Nets:
-    """The bundle's nets at their init with their data (tasks/cells/nonrobust.py::build): what a
-    reading stage's cost does not depend on (the attack's steps are a fixed count)."""
-    from tasks.cells import nonrobust as nr
-
-    net, X, y, mask, gens = nr.build(cells)
-    res = []
-    for e, c in enumerate(cells):
-        m, d, k = n_samples(c), c["d"], c["width"]
-        res.append({"width_used": k, "d_used": d, "m_used": m, "W": net.W[e, :k, :d], "b": net.b[e, :k],
-                    "v": net.v[e, :k], "X": X[e, :m, :d], "y": y[e, :m], "batch_rng_state": gens[e].get_state()})
-    return nets_from(res, cells)
-
-
-class Timing:
+class Timing(Paper004Timing):
     def __init__(self, a):
         self.a, self.dev = a, torch.device(a.device)
         self.t0 = time.perf_counter()
@@ -394,106 +247,6 @@ class Timing:
         print(f"paper 002 Fig. 1(a) full grid on this GPU: ~{ex['total_s'] / 60:.1f} min ({ex['train_s'] / 60:.1f} min "
               f"training at T = {self.a.T002}, {ex['analysis_s'] / 60:.1f} min analysis), {cells} cells, "
               f"{ex['cells_per_s']:.3f} cells/s", flush=True)
-
-    # ------------------------------------------------------------------------------- paper 004
-    def small4(self, c: dict) -> dict:
-        if self.a.small:
-            c = dict(c)
-            for key, val in (("d", 24), ("m", 16), ("width", 30), ("n_candidates", 8)):
-                if key in c:
-                    c[key] = min(c[key], val)
-        return c
-
-    def p004_train(self):
-        cells = [self.small4(c) for c in self.c004.stages[0].cells()]
-        exp = get_exp("train")
-        res, info, marks = run_timed(lambda: exp.run_bundle(cells, self.a.device), self.a.f1_train_deadline_s, self.dev)
-        sec, last = slope(marks)
-        row = {**info, "E": len(cells), "steps_reached": last, "s_per_step": sec, "max_iters": cells[0]["max_iters"],
-               "log_points": cells[0]["log_points"]}
-        if res is not None:
-            row["iters"] = [int(r["iters"]) for r in res]
-            row["status"] = [int(r["status"]) for r in res]
-            row["log10_loss"] = [float(r["log10_loss"]) for r in res]
-            self.f1_nets = nets_from(res, cells)
-        self.payload["paper004_f1"]["train"] = row
-        print(f"  004 F004-1 train: {info['wall_s']:.1f} s, steps {last:.0f}, iters {row.get('iters', 'not finished')}",
-              flush=True)
-
-    def f1_inputs(self):
-        if getattr(self, "f1_nets", None) is None:
-            self.f1_nets = untrained_nets([self.small4(c) for c in self.c004.stages[0].cells()])
-            self.payload["paper004_f1"]["attack_nets"] = "untrained (the attack's cost does not depend on training)"
-        return self.f1_nets
-
-    def p004_attack(self):
-        nets = self.f1_inputs()
-        exp = get_exp("reconstruct")
-        own = [self.small4(c) for c in self.c004.stages[1].cells()]  # 35: one bundle reads one net
-        up = self.c004.stages[0].cells()[0]
-        rows = []
-        for S in (self.a.attack_steps1, self.a.attack_steps2):
-            cells = [exp.with_inherited(dict(c, steps=S), up) for c in own]
-            inputs = nets.select([0] * len(cells))
-            _, info, _ = run_timed(lambda: exp.run_bundle(cells, self.a.device, inputs=inputs),
-                                   self.a.attack_deadline_s, self.dev)
-            rows.append({"steps": S, "rows": len(cells), **info})
-            print(f"  004 attack bundle ({len(cells)} rows x {cells[0]['n_candidates']} candidates), {S} steps: "
-                  f"{info['wall_s']:.2f} s", flush=True)
-            if info["aborted_at_deadline"]:
-                break
-        P = self.payload["paper004_f1"]
-        P["attack_runs"] = rows
-        if len(rows) == 2 and not any(r["aborted_at_deadline"] for r in rows):
-            per = (rows[1]["wall_s"] - rows[0]["wall_s"]) / (rows[1]["steps"] - rows[0]["steps"])
-            if per <= 0:  # the fixed part varied more than the steps cost: bound by the longer run
-                per, P["attack_note"] = rows[1]["wall_s"] / rows[1]["steps"], "per step bounded by wall/steps of the longer run"
-            P["attack_s_per_step"] = per
-            P["attack_fixed_s"] = max(rows[0]["wall_s"] - rows[0]["steps"] * per, 0.0)
-
-    def p004_constructions(self):
-        nets = self.f1_inputs()
-        exp = get_exp("kkt_constructions")
-        own = self.c004.stages[2].cells()[0]
-        cells = [exp.with_inherited(dict(own), c) for c in self.c004.stages[0].cells()]
-        _, info, _ = run_timed(lambda: exp.run_bundle(cells, self.a.device, inputs=nets.select(list(range(len(cells))))),
-                               self.a.constructions_deadline_s, self.dev)
-        self.payload["paper004_f1"]["constructions"] = {"cells": len(cells), **info}
-        print(f"  004 constructions ({len(cells)} nets): {info['wall_s']:.1f} s", flush=True)
-
-    def p004_extrapolate(self):
-        P = self.payload["paper004_f1"]
-        st = P.get("structure", {}).get("stages", {})
-        steps_full = self.c004.stages[1].cells()[0]["steps"]
-        ex = {"attack_steps_full": steps_full}
-        tr = P.get("train", {})
-        if tr.get("iters") is not None:
-            ex["train_s"] = tr["wall_s"]
-            ex["train_source"] = "measured: the real bundle ran to its end"
-        elif tr.get("s_per_step"):
-            ex["train_s_lower_bound"] = tr["wall_s"]
-            ex["train_s_per_1000_steps"] = 1000 * tr["s_per_step"]
-            ex["train_s_at_max_iters"] = tr["wall_s"] + (tr["max_iters"] - tr["steps_reached"]) * tr["s_per_step"]
-            ex["train_s"] = ex["train_s_at_max_iters"]
-            ex["train_source"] = "not finished within its deadline: bounded by max_iters (500,000 steps)"
-        nb = st.get("attack", {}).get("bundles", 2)
-        if P.get("attack_s_per_step") is not None:
-            ex["attack_bundle_s"] = P["attack_fixed_s"] + steps_full * P["attack_s_per_step"]
-            ex["attack_bundles"] = nb
-            ex["attack_s"] = nb * ex["attack_bundle_s"]
-        c = P.get("constructions")
-        if c:  # every net of the stage in the one timed call
-            ex["constructions_s"] = c.get("wall_s_extrapolated_from_progress") if c["aborted_at_deadline"] else c["wall_s"]
-        parts = [ex.get(k) for k in ("train_s", "attack_s", "constructions_s")]
-        if all(p is not None for p in parts):
-            ex["total_s"] = sum(parts)
-            ex["total_h"] = ex["total_s"] / 3600
-            cells = P.get("structure", {}).get("cells") or 74
-            ex["cells"], ex["cells_per_s"] = cells, cells / ex["total_s"]
-            print(f"paper 004 F004-1 full grid on this GPU: ~{ex['total_s'] / 60:.1f} min (train "
-                  f"{ex['train_s'] / 60:.1f}, attack {ex['attack_s'] / 60:.1f}, constructions "
-                  f"{ex['constructions_s'] / 60:.2f} min), {cells} cells", flush=True)
-        P["extrapolation"] = ex
 
 
 def main(argv=None):

@@ -72,7 +72,7 @@ def clean(prefect_server, cli, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("clean")
     path = tmp / "chain.yaml"
     path.write_text(yaml.safe_dump(chain("resume", workers=1)))
-    stats = _run(cli, path, tmp / "clean.zarr", tmp, "clean", env={"PREFECT_HOME": str(tmp / "home")})
+    stats = _run(cli, path, tmp / "clean.zarr", tmp, "clean")
     assert {g: s["written"] for g, s in stats.items()} == TOTAL
     return _values(tmp / "clean.zarr")
 
@@ -125,15 +125,15 @@ MOMENTS = {
 @pytest.mark.parametrize("moment", list(MOMENTS))
 def test_chain_killed_then_resumed_equals_a_clean_run(prefect_server, cli, tmp_path, clean, moment):
     """kill -9 of the runner's process group during training, once training is over (downstream
-    bundles pending) or inside the downstream stage; the rerun (another Prefect home: no cache can
-    hide a recomputation) writes each missing cell once and both stages equal a clean run."""
+    bundles pending) or inside the downstream stage; the rerun (bundles are never cached by Prefect:
+    its statistics count what it computed) writes each missing cell once and both stages equal a clean run."""
     path = tmp_path / "chain.yaml"
     path.write_text(yaml.safe_dump(chain("resume", workers=1)))
     store = tmp_path / "killed.zarr"
     cli.run_killed(path, store, MOMENTS[moment], env={"PREFECT_HOME": str(tmp_path / "home-a")})
     at_kill = {g: _done(store, g) for g in TOTAL}
     assert MOMENTS[moment](store) and at_kill["robustness"] < TOTAL["robustness"], at_kill
-    stats = _run(cli, path, store, tmp_path, "resumed", env={"PREFECT_HOME": str(tmp_path / "home-b")})
+    stats = _run(cli, path, store, tmp_path, "resumed")  # in-process, on the session's services
     for group, total in TOTAL.items():
         s = stats[group]
         assert s["done_before"] >= at_kill[group] and s["refused_done"] == 0 and s["failed"] == 0, s

@@ -68,13 +68,13 @@ KILL_CFG["params"] = dict(SMALL["params"], width=48, target_loss=1.0e-20)
 
 @pytest.fixture(scope="module")
 def clean_run(cli, prefect_server, tmp_path_factory):
-    """The kill test's config run once without interruption (its own Prefect home)."""
+    """The kill test's config run once without interruption."""
     import yaml
 
     tmp = tmp_path_factory.mktemp("clean")
     path, store = tmp / "cfg.yaml", tmp / "clean.zarr"
     path.write_text(yaml.safe_dump(KILL_CFG, sort_keys=False))
-    ref = cli.run("run", path, "--store", store, env={"PREFECT_HOME": str(tmp / "prefect-home")})
+    ref = cli.run("run", path, "--store", store)
     assert ref.returncode == 0, ref.stderr[-3000:]
     return open_results(store)
 
@@ -107,8 +107,7 @@ def test_kill_9_then_resume_equals_clean_run(cli, prefect_server, write_config, 
         proc.wait()
     assert done_at_kill < 8 and (want is None or done_at_kill >= want), done_at_kill
     time.sleep(1)
-    env["PREFECT_HOME"] = str(tmp_path / "home-b")
-    resumed = cli.run("run", path, "--store", store, "--json", tmp_path / "resume.json", env=env)
+    resumed = cli.run("run", path, "--store", store, "--json", tmp_path / "resume.json")  # in-process
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     stats = json.loads((tmp_path / "resume.json").read_text())
     killed_done = stats["done_before"]

@@ -233,6 +233,7 @@ def test_status_and_run_summary_count_cells_left_out_by_status(tmp_path, capsys)
     not-a-result) are counted by status value and named by the experiment's status labels in
     ``kktlab status`` and the run summary; failed cells (status never written) are not among them."""
     from kktlab import cli
+    from kktlab.status_lines import left_out
     from storage.query import left_out_by_status
 
     c = cfg()
@@ -244,7 +245,7 @@ def test_status_and_run_summary_count_cells_left_out_by_status(tmp_path, capsys)
     assert store.write_failed((2, 1), "boom")
     group = status(path)[0]["group"]
     assert left_out_by_status(path, group) == {2: 1, 4: 2}
-    assert cli._left_out(str(path), group, "nonrobust") == "1 max_iters, 2 diverged"
+    assert left_out(str(path), group, "nonrobust") == "1 max_iters, 2 diverged"
     assert cli.main(["status", str(path)]) == 0
     assert "(1 max_iters, 2 diverged: done, left out by status)" in capsys.readouterr().out
     stats = dict(total=6, done_before=0, written=6, from_cache=0, damaged_recomputed=0, stale_recomputed=0, failed=1,
