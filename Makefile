@@ -45,7 +45,7 @@ test: install
 	$(BIN)/python -m pytest -q -ra --durations=15 $(XDIST) -m "not paper" $(PYTEST_ARGS)
 
 test-fast: install
-	$(BIN)/python -m pytest -q -ra -m "not slow and not requires_services and not paper" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -ra $(XDIST) -m "not slow and not requires_services and not paper" $(PYTEST_ARGS)
 
 # paper-size variants of predictions make test checks at CI size (minutes to hours; a GPU machine helps)
 test-paper: install
@@ -53,8 +53,8 @@ test-paper: install
 
 # every test's time, written to benchmarks/results/test_durations.json (and its top 30 printed)
 test-durations: install
-	$(BIN)/python -m pytest -q $(XDIST) -m "not paper" --junitxml=.test-durations.xml $(PYTEST_ARGS); \
-	$(BIN)/python benchmarks/test_durations.py .test-durations.xml
+	s=$$(date +%s); $(BIN)/python -m pytest -q $(XDIST) -m "not paper" --junitxml=.test-durations.xml $(PYTEST_ARGS); \
+	$(BIN)/python benchmarks/test_durations.py .test-durations.xml --wall $$(( $$(date +%s) - s ))
 
 bench: install
 	$(BIN)/python benchmarks/run_all.py

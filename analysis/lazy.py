@@ -1,5 +1,6 @@
 """Figures of paper 003 from a store (spec 003 §4): Figs 2/3/5/6 from a ``single_step`` group
-(per-cell medians over test points, mean over seeds with its 95 % interval as error bars; the
+(per-cell medians over test points, mean over seeds with its Student's t 95 % interval as error bars,
+each seed first averaged over the axes the title names: storage/stats.py; the
 G-shape fit and G-init curves of §3.6 in green), Fig 4 left/right from a ``pgd`` group (RTA vs R
 with error bars over seeds where the store has no Fig 4 grid), Fig 7 histograms from the
 per-sample variables (:func:`histograms`, given the full group: the report passes scalars only)."""
@@ -13,6 +14,7 @@ import xarray as xr
 
 from analysis.common import REFERENCE, finish, plt
 from storage.query import usable
+from storage.stats import aggregate, caption, yerr
 
 SLOPE = {"med_delta_rel": -0.5, "med_gnorm": 0.5, "med_eta_star": -1.0, "med_eta_rel": -1.0}
 LABEL = {"med_delta_rel": "||δ*||/||x||", "med_gnorm": "||∇f(x)||", "med_eta_star": "|η*|", "med_eta_rel": "|η*|/||x||"}
@@ -60,39 +62,38 @@ def left_out(ds: xr.Dataset) -> str:
 
 
 def _mean(ds: xr.Dataset, var: str, keep: tuple[str, ...]) -> xr.DataArray:
-    """``var`` on :func:`kept` cells, averaged over every dim but ``keep``; other non-seed dims must be
-    single-valued or are averaged too (noted by the caller)."""
-    da = ds[var].where(kept(ds)).where(np.isfinite(ds[var]))
-    return da.mean([dim for dim in da.dims if dim not in keep], skipna=True)
+    """``var`` on :func:`kept` cells, averaged over every dim but ``keep`` (:func:`_spread`'s estimate:
+    per net first, then over nets; finite values only)."""
+    return _spread(ds, var, keep).estimate
 
 
-def _spread(ds: xr.Dataset, var: str, keep: tuple[str, ...]) -> tuple[xr.DataArray, xr.DataArray]:
-    """The 95 % half-width (1.96 sem over seeds) of ``var`` on :func:`kept` cells and the seeds per
-    point (n): each net (seed) is first averaged over the other non-``keep`` dims (restarts, ...).
-    The half-width is NaN where n < 2 (a group without a seed axis: n = 1)."""
-    da = ds[var].where(kept(ds)).where(np.isfinite(ds[var]))
-    per_net = da.mean([dim for dim in da.dims if dim not in keep and dim != "seed"], skipna=True)
-    if "seed" not in per_net.dims:
-        return xr.full_like(per_net, np.nan, dtype=float), per_net.notnull().astype(int)
-    n = per_net.notnull().sum("seed")
-    return 1.96 * per_net.std("seed", ddof=1, skipna=True) / np.sqrt(n.where(n > 1)), n
+def _spread(ds: xr.Dataset, var: str, keep: tuple[str, ...]) -> xr.Dataset:
+    """:func:`storage.stats.aggregate` of ``var`` on :func:`kept` cells over every dim but ``keep``:
+    each net (seed) first averaged over the other dims (restarts, ...), then the mean and Student's t
+    95 % interval over the seeds, n the seeds per point (no interval where n < 2)."""
+    return aggregate(ds[var], [d for d in ds[var].dims if d not in keep], usable=kept(ds), done=ds["done"])
 
 
-def _bars(ax, x, mean, half, fmt: str, label: str, log: bool = False):
-    """One line with its 95 % interval as error bars (none where ``half`` is NaN)."""
-    mean, half = np.asarray(mean, dtype=float), np.nan_to_num(np.asarray(half, dtype=float))
+def _bars(ax, x, agg: xr.Dataset, fmt: str, label: str, log: bool = False):
+    """One line of the 1-D ``agg`` with its interval as error bars (none where there is no interval)."""
     if log:  # both axes log; a bar reaching 0 or below is clipped at the axis' floor
         ax.set_xscale("log")
         ax.set_yscale("log")
-    return ax.errorbar(np.asarray(x, dtype=float), mean, yerr=half, fmt=fmt, capsize=2, ms=3, label=label)
+    return ax.errorbar(np.asarray(x, dtype=float), np.asarray(agg.estimate, dtype=float), yerr=yerr(agg), fmt=fmt,
+                       capsize=2, ms=3, label=label)
 
 
-def _over_seeds(ns) -> str:
-    """'mean ± 95 % interval over seeds (n = 2/3 per point)', or '1 seed per point: no interval'."""
-    counts = sorted({int(v) for n in ns for v in np.ravel(np.asarray(n)) if int(v) > 0})
-    if not counts or counts[-1] < 2:
-        return "1 seed per point: no interval"
-    return f"mean ± 95 % interval over seeds (n = {'/'.join(map(str, counts))} per point)"
+WITHIN_NET = ("restarts", "restart", "point", "points")  # axes that are repeats on one net, never a line
+
+
+def _combos(agg: xr.Dataset, dims: list[str]) -> list[dict]:
+    import itertools
+
+    return [dict(zip(dims, vals)) for vals in itertools.product(*(list(agg[d].values) for d in dims))]
+
+
+def _fmt(v) -> str:
+    return f"{v:g}" if isinstance(v, (float, np.floating, int, np.integer)) else str(v)
 
 
 def g_shape(d: np.ndarray, y: np.ndarray, alpha: float) -> float:
@@ -123,12 +124,12 @@ def _panels(ds: xr.Dataset, out: pathlib.Path, prefix: str, by: str, fixed: dict
     paths = []
     raw = fixed.get("variant") == "raw"
     for var in ("med_delta_rel", "med_gnorm", "med_eta_rel" if raw else "med_eta_star"):
-        da = _mean(sub, var, ("d", by))
-        half, n = _spread(sub, var, ("d", by))
+        agg = _spread(sub, var, ("d", by))
+        da = agg.estimate
         d = da["d"].values.astype(float)
         fig, ax = plt.subplots(figsize=(4.2, 3.4))
         for val in da[by].values:
-            _bars(ax, d, da.sel({by: val}).values, half.sel({by: val}).values, "o-", f"{by} = {val:g}", log=True)
+            _bars(ax, d, agg.sel({by: val}).transpose("d"), "o-", f"{by} = {val:g}", log=True)
         top = da.sel({by: da[by].values.max()}).values
         c = g_shape(d, top, SLOPE[var])
         ax.loglog(d, c * d ** SLOPE[var], "g--", label=f"G-shape {c:.3g} d^{SLOPE[var]:g}")
@@ -139,7 +140,7 @@ def _panels(ds: xr.Dataset, out: pathlib.Path, prefix: str, by: str, fixed: dict
             ax.loglog(d, plug, "g-.", label="G-plugin (median t_thm)")
         ax.set_xlabel("d")
         ax.set_ylabel(LABEL[var] + " (median over test points)")
-        paths.append(finish(fig, ax, out / f"{prefix}{tag}_{var}.png", f"{tag}: {LABEL[var]} vs d\n{_over_seeds([n])}"))
+        paths.append(finish(fig, ax, out / f"{prefix}{tag}_{var}.png", f"{tag}: {LABEL[var]} vs d\n{caption(agg)}"))
     return paths
 
 
@@ -216,16 +217,18 @@ def pgd_figures(ds: xr.Dataset, out: pathlib.Path, prefix: str) -> list[pathlib.
         ax.set_ylabel("V")
         paths.append(finish(fig, ax, out / f"{prefix}fig4_right.png", "Fig 4 right: RTA over (m, V)" + gone))
     if "R" in ds.dims and not paths:  # RTA against R (CI-size stores)
-        keep = tuple(x for x in ("R", "V") if x in ds.dims)
-        da, (half, n) = _mean(ds, "rta", keep), _spread(ds, "rta", keep)
+        # one line per value of every axis but R, the seeds and the within-net axes (restarts, points):
+        # a chain's unlearning methods and α are never pooled into one line (issue 40)
+        lines = [x for x in ds["rta"].dims if x not in ("R", "seed") + WITHIN_NET and ds.sizes[x] > 1]
+        agg = _spread(ds, "rta", ("R", *lines))
         fig, ax = plt.subplots(figsize=(4.2, 3.4))
-        for v in (da["V"].values if "V" in da.dims else [None]):
-            at = {"V": v} if v is not None else {}
-            _bars(ax, da["R"].values, da.sel(at).values, half.sel(at).values, "o-", f"V = {v:g}" if v is not None else "")
+        for at in _combos(agg, lines):
+            label = ", ".join(f"{k} = {_fmt(v)}" for k, v in at.items())
+            _bars(ax, agg["R"].values, agg.sel(at).transpose("R"), "o-", label)
         ax.set_xlabel("||δ||")
         ax.set_ylabel("robust test accuracy")
         paths.append(finish(fig, ax, out / f"{prefix}rta_vs_R.png",
-                            f"robust test accuracy vs budget\n{_over_seeds([n])}" + gone))
+                            f"robust test accuracy vs budget\n{caption(agg)}" + gone))
     return paths
 
 

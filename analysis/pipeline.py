@@ -1,7 +1,8 @@
 """The cross-paper chain's figures and findings (issue 27): for every stage that reads an ``unlearn``
 stage's nets, its forgotten-point number beside its retained-point number, against α, one line per
-unlearning method (identity and retrain are the references), mean and 95 % interval over the nets
-(upstream seeds and any other axis), with the count per point. These are new questions, so the
+unlearning method (identity and retrain are the references), mean and Student's t 95 % interval over
+the nets (upstream seeds; every other axis, e.g. an attack radius, averaged within each net first:
+storage/stats.py), with the count of nets per point and the axes averaged named. These are new questions, so the
 table reports measured values with intervals and judges nothing."""
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import numpy as np
 import xarray as xr
 
 from analysis.common import plt, save
-from storage.query import groups, open_results
+from storage.query import groups, open_results, stage_scalars, usable
+from storage.stats import aggregate, caption, half_width, yerr
 
 # reader experiment -> (forgotten, retained, axis label) of the numbers it reports apart
 PAIRS = {"reconstruct": ("cos_forgotten", "cos_retained", "cosine of the best candidate (direction)"),
@@ -35,23 +37,16 @@ def readers_of_unlearn(store) -> list[tuple[str, str, xr.Dataset]]:
         ds = open_results(store, g)
         up = _identity(ds).get("from")
         if up and kinds.get(up) == "unlearn" and kinds[g] in PAIRS and all(v in ds for v in PAIRS[kinds[g]][:2]):
-            out.append((g, kinds[g], ds))  # (a group made before these variables is left out)
+            out.append((g, kinds[g], stage_scalars(store, g)))  # with its damaged cells marked  # (a group made before these variables is left out)
     return out
 
 
 def summary(ds: xr.Dataset, var: str) -> xr.Dataset:
-    """Mean, 95 % half-width (1.96 sem) and count of ``var`` per (method, alpha) over every other
-    axis, usable cells only (done, not failed) and finite values."""
-    keep = ds["done"] & ~ds["failed"] if "failed" in ds else ds["done"]
-    if "status" in ds and ds["status"].attrs.get("ok_values"):  # e.g. reconstruct: diverged attacks out
-        keep = keep & ds["status"].isin(list(ds["status"].attrs["ok_values"]))
-    x = ds[var].where(keep)
-    x = x.where(np.isfinite(x))
-    other = [d for d in x.dims if d not in ("method", "alpha")]
-    n = x.notnull().sum(other)
-    mean = x.mean(other)
-    half = 1.96 * x.std(other, ddof=1) / np.sqrt(n.where(n > 1))
-    return xr.Dataset({"mean": mean, "half": half, "n": n}).compute()
+    """:func:`storage.stats.aggregate` of ``var`` per (method, alpha): each net (seed) first averaged over
+    every other axis, then the mean and Student's t interval over the nets; usable cells only (done,
+    not failed, not damaged, an ok status), finite values, the rest counted."""
+    other = [d for d in ds[var].dims if d not in ("method", "alpha")]
+    return aggregate(ds[var], other, usable=usable(ds), done=ds["done"]).compute()
 
 
 def figure(g: str, exp: str, ds: xr.Dataset, out: pathlib.Path) -> pathlib.Path | None:
@@ -66,15 +61,12 @@ def figure(g: str, exp: str, ds: xr.Dataset, out: pathlib.Path) -> pathlib.Path 
     for i, method in enumerate(ds.method.values):
         colour = f"C{i}"  # the project palette (analysis/kktlab.mplstyle)
         for s, style, what in ((f, "-", "forgotten"), (r, "--", "retained")):
-            m = s["mean"].sel({"method": method}).values  # sel(method=...) is xarray's fill method
-            h = s["half"].sel({"method": method}).values
-            ax.errorbar(alphas, m, yerr=np.nan_to_num(h), fmt="o" + style, color=colour, capsize=3, ms=4,
+            one = s.sel({"method": method})  # sel(method=...) is xarray's fill method
+            ax.errorbar(alphas, one.estimate.values, yerr=yerr(one), fmt="o" + style, color=colour, capsize=3, ms=4,
                         label=f"{method}: {what}")
-    counts = sorted({int(v) for v in np.ravel(f.n.values)} | {int(v) for v in np.ravel(r.n.values)})
     ax.set_xlabel("α (GA step as a fraction of λ_l)")
     ax.set_ylabel(label)
-    ax.set_title(f"{g} ({exp}): forgotten vs retained points\nmean ± 95 % interval, {'/'.join(map(str, counts))} "
-                 "values per point", fontsize=8)
+    ax.set_title(f"{g} ({exp}): forgotten vs retained points\n{caption([f, r])}", fontsize=8)
     ax.legend(fontsize=6, ncol=2)
     ax.grid(alpha=0.3)
     return save(fig, out / f"pipeline_{g}.png")
@@ -86,9 +78,12 @@ def findings(g: str, exp: str, ds: xr.Dataset) -> list[str]:
     if "method" not in ds.dims or "alpha" not in ds.dims:
         return []
     f, r = summary(ds, fvar), summary(ds, rvar)
-    at = lambda s, k, mth, a: s[k].sel({"method": mth, "alpha": a})  # noqa: E731
-    cell = lambda s, mth, a: (f"{float(at(s, 'mean', mth, a)):.4g} ± {float(at(s, 'half', mth, a)):.2g} "  # noqa: E731
-                              f"(n={int(at(s, 'n', mth, a))})")
+    def cell(s, mth, a):
+        one = s.sel({"method": mth, "alpha": a})
+        left = "".join(f", {int(one[k])} {what}" for k, what in (("n_inf", "±inf"), ("n_nan", "NaN"),
+                                                                  ("n_excluded", "not usable")) if int(one[k]))
+        return f"{float(one.estimate):.4g} ± {float(half_width(one)):.2g} (n={int(one.n)}{left})"
+
     rows = [f"| {g} | {mth} | {a:g} | {cell(f, mth, a)} | {cell(r, mth, a)} |"
             for mth in ds.method.values for a in ds.alpha.values]
     return rows
@@ -101,15 +96,18 @@ def store_figures(store, out) -> tuple[list[pathlib.Path], list[str]]:
     found = readers_of_unlearn(store)
     if not found:
         return [], []
-    paths, rows = [], []
+    paths, rows, what = [], [], []
     for g, exp, ds in found:
         p = figure(g, exp, ds, out)
         if p is not None:
             paths.append(p)
         rows += findings(g, exp, ds)
+        if "method" in ds.dims and "alpha" in ds.dims:
+            what += [f"{g}: {caption([summary(ds, v) for v in PAIRS[exp][:2]], 'per entry')}"]
     lines = ["## The chain: forgotten vs retained points", "",
-             "Measured values, mean ± 95 % interval (1.96 sem) over the nets, n values per entry; new "
-             "questions, so nothing is judged pass/fail.", "",
+             "Measured values, mean ± Student's t 95 % interval over the nets (n nets per entry, each net "
+             "first averaged over the axes named below); new questions, so nothing is judged pass/fail.", "",
+             *[f"- {w}" for w in what], "",
              "| stage | method | α | forgotten | retained |", "| --- | --- | --- | --- | --- |", *rows, ""]
     lines += [f"![{p.stem}]({p.name})" for p in paths] + [""]
     return paths, lines

@@ -1,5 +1,6 @@
 """Paper 001 figures from an ``unlearn`` store (spec 001 §5): F001-1 ε(α) of the unlearned net on the
-retained set (mean over nets with a ±1 s.d. band, ddof=1), the δ and ε_rel panels, the measured ε
+retained set (mean over nets with its Student's t 95 % interval as a band, storage/stats.py, clipped
+at 0 where the quantity cannot be negative), the δ and ε_rel panels, the measured ε
 (Def 2.2: max over the forgotten l) against the Thm 4.1 / 3.1 ε bound with the precondition status in
 the legend (spec A8: a bound is not a prediction where its preconditions fail); F001-3 cossim to the
 retained SVM (linear); F001-5 1 − cossim to the retrained net; F001-6 D_MG test accuracy.
@@ -22,8 +23,12 @@ import xarray as xr  # noqa: E402
 
 from analysis.common import finish  # noqa: E402
 from storage.query import usable  # noqa: E402
+from storage.stats import aggregate, caption, domain_of  # noqa: E402
 
 OVER = "seed"
+# Non-negative by definition (spec 001 Def 2.2: ε, δ are maxima of norms and of non-negative slack), for
+# stores made before the declaration carried domain=(0, None) (valid_min): their bands stop at 0.
+NON_NEGATIVE = ("eps", "eps_mean", "delta", "delta_mean", "eps_rel", "eps_d", "delta_rel")
 
 
 def _keep(ds: xr.Dataset) -> xr.DataArray:
@@ -32,24 +37,24 @@ def _keep(ds: xr.Dataset) -> xr.DataArray:
 
 
 def curves(ds: xr.Dataset, var: str):
-    """[(label, alpha, mean, std, n, total)] of ``var`` against alpha, one per other-dims combination."""
+    """[(label, alpha, aggregate)] of ``var`` against alpha, one per other-dims combination: the mean
+    over nets with its Student's t interval (:func:`storage.stats.aggregate`, usable and feasible
+    cells only), clipped to the variable's declared domain."""
     if "alpha" not in ds.dims or var not in ds:
         return []
-    da = ds[var].where(_keep(ds)).astype(float)
-    da = da.where(np.isfinite(da))
-    others = [d for d in da.dims if d not in ("alpha", OVER)]
+    domain = domain_of(ds[var])
+    if domain == (None, None) and var in NON_NEGATIVE:
+        domain = (0.0, None)
+    agg = aggregate(ds[var], [OVER], usable=_keep(ds), done=ds["done"], domain=domain)
+    others = [d for d in agg.estimate.dims if d != "alpha"]
     out = []
     for combo in itertools.product(*(list(ds[d].values) for d in others)):
         sel = dict(zip(others, combo))
-        sub = da.sel(sel) if sel else da
-        if OVER not in sub.dims:
-            sub = sub.expand_dims(OVER)
-        n = sub.count(OVER).values
-        if not n.any():
+        sub = (agg.sel(sel) if sel else agg).transpose("alpha")
+        if not sub.n.any():
             continue
         label = ", ".join(f"{k}={v}" for k, v in sel.items()) or var
-        std = sub.std(OVER, ddof=1).values if sub.sizes[OVER] > 1 else np.zeros(len(n))
-        out.append((label, ds["alpha"].values, sub.mean(OVER).values, std, n, sub.sizes[OVER]))
+        out.append((label, ds["alpha"].values, sub))
     return out
 
 
@@ -58,10 +63,13 @@ def _panel(ds, var, ylabel, path, title, band=True) -> pathlib.Path | None:
     if not cs:
         return None
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
-    for label, x, mean, std, n, total in cs:
-        (line,) = ax.plot(x, mean, marker="o", ms=3, label=f"{label} (n={int(n.min())}-{int(n.max())}/{total})")
+    total = ds.sizes.get(OVER, 1)
+    for label, x, agg in cs:
+        n = agg.n.values
+        (line,) = ax.plot(x, agg.estimate.values, marker="o", ms=3, label=f"{label} (n={int(n.min())}-{int(n.max())}/{total})")
         if band:
-            ax.fill_between(x, mean - std, mean + std, color=line.get_color(), alpha=0.2)
+            ax.fill_between(x, agg.lo.values, agg.hi.values, color=line.get_color(), alpha=0.2)
+    title = f"{title}\n{caption([agg for _, _, agg in cs], 'per point')}" if band else title
     ax.axvline(1.0, color="k", lw=0.6, ls=":")
     ax.set_xlabel("α (step as a fraction of λ_l)")
     ax.set_ylabel(ylabel)
@@ -78,12 +86,13 @@ def _bound_panel(ds, path) -> pathlib.Path | None:
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
     bounds = {b[0]: b for b in bs}
     drawn = False
-    for label, x, mean, std, n, total in cs:  # the measured curve always; the bound where it is finite
-        (line,) = ax.plot(x, mean, marker="o", ms=3, label=f"measured ε, {label}")
+    for label, x, agg in cs:  # the measured curve always; the bound where it is finite
+        (line,) = ax.plot(x, agg.estimate.values, marker="o", ms=3, label=f"measured ε, {label}")
         b = bounds.get(label)
         at1 = np.isclose(b[1], 1.0) if b is not None else np.zeros(0, bool)
-        if at1.any() and np.isfinite(b[2][at1]).any():  # the theorems bound the GA step (α = 1) only
-            ax.plot(b[1][at1], b[2][at1], ls="none", marker="*", ms=10, color=line.get_color(),
+        bound = b[2].estimate.values if b is not None else np.zeros(0)
+        if at1.any() and np.isfinite(bound[at1]).any():  # the theorems bound the GA step (α = 1) only
+            ax.plot(b[1][at1], bound[at1], ls="none", marker="*", ms=10, color=line.get_color(),
                     label=f"bound ε at α = 1, {label}")
             drawn = True
     if not drawn:  # e.g. two-layer nets far from the theorems' regime: bound_eps = +inf in every cell

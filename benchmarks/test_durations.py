@@ -17,6 +17,8 @@ import platform
 import xml.etree.ElementTree as ET
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
+README = pathlib.Path(__file__).resolve().parents[1] / "tests" / "README.md"
+MARK = "<!-- test durations: written by benchmarks/test_durations.py -->"
 
 
 def read(xml: str) -> list[dict]:
@@ -36,6 +38,7 @@ def main(argv=None) -> None:
     ap.add_argument("--wall", type=float, help="the suite's wall time in seconds, as measured by the caller")
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--out", default=str(RESULTS / "test_durations.json"))
+    ap.add_argument("--readme", default=str(README), help="rewrite the table after this file's marker ('' : none)")
     a = ap.parse_args(argv)
     rows = read(a.xml)
     by_file: dict[str, float] = {}
@@ -52,6 +55,21 @@ def main(argv=None) -> None:
     for r in rows[:a.top]:
         print(f"  {r['seconds']:7.1f} s  {r['test']}")
     print("wrote", a.out)
+    if a.readme:
+        write_readme(pathlib.Path(a.readme), out, rows[:a.top])
+
+
+def write_readme(path: pathlib.Path, out: dict, top: list[dict]) -> None:
+    """Replace what follows :data:`MARK` in ``path`` with the run's line and its slowest tests."""
+    text = path.read_text()
+    head = text.split(MARK)[0].rstrip() + "\n\n" + MARK + "\n\n"
+    o = out["outcomes"]
+    lines = [f"{out['tests']} tests ({o['passed']} passed, {o['failure'] + o['error']} failed, {o['skipped']} skipped), "
+             f"{out['test_seconds_sum']:.0f} s of test time" + (f", {out['wall_s']:.0f} s wall" if out["wall_s"] else "")
+             + f"; load {out['machine']['load_avg_1m_after']:.1f} after the run, {out['machine']['cpu_count']} cores.",
+             "", "| seconds | test |", "|---:|---|"]
+    lines += [f"| {r['seconds']:.1f} | `{r['test']}` |" for r in top]
+    path.write_text(head + "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

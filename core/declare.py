@@ -68,6 +68,10 @@ class Var:
     # For a status variable: a name per value (e.g. ((1, "done"), (2, "diverged"))), for the counts of
     # cells left out by status that `kktlab status` and the run summary print.
     labels: tuple[tuple[int, str], ...] = ()
+    # The values the quantity can take, (min, max), None where unbounded (e.g. (0.0, None) for a norm or
+    # an ε): stored as the CF attributes valid_min / valid_max; an interval is clipped to it, nothing else
+    # is (storage/stats.py).
+    domain: tuple[float | None, float | None] | None = None
 
 
 Cell = dict[str, Any]
@@ -180,6 +184,10 @@ class Experiment:
     # what the sweep loaded from the upstream cells (storage.query.load_nets for "nets").
     produces: tuple[str, ...] = ()
     reads: str | None = None
+    # A reader of "nets" that also needs the nets its upstream stage read (the pair before / after an
+    # unlearn stage's deletion: reconstruct_diff): the sweep loads them as ``inputs.before``, one per
+    # cell; a stage reading a first stage (whose nets were read from nothing) is refused at config time.
+    reads_before: bool = False
     # Parameters a reading experiment takes from the upstream cell it reads (own name -> the
     # upstream experiment's name, e.g. unlearn's retrain_lr <- train_kkt's lr): where the upstream
     # experiment has that parameter it is set there only (flows/stages.py refuses it in the reading

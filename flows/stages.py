@@ -191,6 +191,9 @@ def _reads(f: str, exp, source: str, up: config_mod.Config) -> None:
                           f"(experiment '{up.exp.name}') produces {made}")
     if up.params.get("store_nets") is False:
         raise ConfigError(f"{f}.from", f"stage {source!r} has store_nets: false, so it stores no nets to read")
+    if exp.reads_before and up.source is None:
+        raise ConfigError(f"{f}.from", f"experiment '{exp.name}' compares each net before and after stage "
+                          f"{source!r}, which reads no earlier stage (no net before it); read an unlearn stage")
 
 
 def _upstream(f: str, name: str, source: Any, earlier: list[config_mod.Config], raw: dict) -> config_mod.Config:

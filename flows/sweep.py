@@ -125,6 +125,8 @@ def compute_reading(exp, cells: list[dict], device: str, inputs: dict) -> list[d
     nets = load_nets_at(inputs["store"], inputs["group"], indices, up.rebuild)
     nets.contracts = contracts_at(inputs["store"], inputs["group"], indices)  # what each net is (its producer says)
     nets.cells = cells_at(inputs["store"], inputs["group"], indices)  # as run, with what they inherited
+    if exp.reads_before:  # the nets the upstream read: the pair before / after its deletion
+        nets.before = load_before(inputs["store"], inputs["group"], indices, nets.problems)
     ok = [i for i, p in enumerate(nets.problems) if not p]
     out: list[dict] = [{FAILED: p} for p in nets.problems]
     cells = [exp.with_inherited(c, upc) for c, upc in zip(cells, nets.cells)]  # e.g. unlearn retrains with its upstream's lr
@@ -132,6 +134,29 @@ def compute_reading(exp, cells: list[dict], device: str, inputs: dict) -> list[d
         for i, res in zip(ok, compute_cells(exp, [cells[i] for i in ok], device, None, nets.select(ok))):
             out[i] = res if FAILED in res else dict(res, **{UPSTREAM_HASH: nets.hashes[i]})
     return out
+
+
+def load_before(store: str, group: str, indices: list[tuple[int, ...]], problems: list[str]):
+    """The nets the cells of ``group`` at ``indices`` read (its own upstream group, at the leading
+    indices: a stage's dims are its upstream's followed by its own), for readers that compare a net
+    before and after a stage (Experiment.reads_before). An unusable upstream cell becomes the problem
+    of the cell that needs it."""
+    from flows.contracts import cells_at, contracts_at
+    from storage.nets import load_nets_at, producer, source
+
+    up, n_up = source(store, group)
+    if up is None:
+        from core.errors import StoreError
+
+        raise StoreError(f"group '{group}' of {store} read no earlier stage: there is no net before it")
+    ups = [tuple(i)[:n_up] for i in indices]
+    before = load_nets_at(store, up, ups, experiments.get(producer(store, up)).rebuild)
+    before.contracts = contracts_at(store, up, ups)
+    before.cells = cells_at(store, up, ups)
+    for i, p in enumerate(before.problems):
+        if p and not problems[i]:
+            problems[i] = f"the net before it: {p}"
+    return before
 
 
 def write_bundle(target: dict, results: list[dict]) -> list[dict]:

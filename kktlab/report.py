@@ -75,11 +75,13 @@ def _store(store, out: pathlib.Path, fig_dir: pathlib.Path, echo) -> tuple[list[
         ds = stage_scalars(store, g)
         exp = ds.attrs.get("kktlab_experiment", "?")
         prov = provenance(ds)
+        bad = int(ds["damaged"].sum()) if "damaged" in ds else 0  # left out of every figure and row
+        cells = f"{done[g]['done']}/{done[g]['total']}" + (f", {bad} damaged (left out; `kktlab verify`)" if bad else "")
         sec = Section(str(store), f"{g} ({exp})", config=str(ds.attrs.get("config", "")),
-                      info={"cells done": f"{done[g]['done']}/{done[g]['total']}", **prov})
+                      info={"cells done": cells, **prov})
         sections.append(sec)
         lines += [f"## {g} ({exp})", "",
-                  f"cells done {done[g]['done']}/{done[g]['total']}, git {prov.get('git_commit')}, "
+                  f"cells done {cells}, git {prov.get('git_commit')}, "
                   f"device {prov.get('device')}, created {prov.get('created')}", ""]
         sec.rows = rows = acceptance_rows(ds)
         if rows:

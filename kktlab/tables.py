@@ -18,7 +18,10 @@ def add_parser(sub) -> None:
     s.add_argument("--by", help="comma-separated grid dims or variables to group on")
     s.add_argument("--over", help="comma-separated grid dims to aggregate over (default: seed, where it is a dim); "
                                   "a grid dim in neither --by nor --over is kept as a column")
-    s.add_argument("--stat", default="mean", help="mean, median, std, sem, min, max or count")
+    s.add_argument("--stat", default="mean", help="mean, median, std, sem, min, max or count (over nets, each net "
+                                                  "first averaged over the other --over dims)")
+    s.add_argument("--interval", default="t", choices=("t", "bca"),
+                   help="the interval beside a mean: Student's t (default) or bootstrap BCa (storage/stats.py)")
     s.add_argument("--where", action="append", help="name=value or name=v1,v2 on a grid dim or variable (repeatable)")
     s.add_argument("--format", default="text", choices=FORMATS)
     s.add_argument("--out", help="write to this file (required for parquet)")
@@ -26,15 +29,27 @@ def add_parser(sub) -> None:
 
 
 def cmd_table(args) -> int:
+    """Prints (or writes) the table, then one line on stderr naming the interval and what was left
+    out. Damaged cells (those `kktlab verify` names) are left out of every row and counted in its
+    ``excluded`` column; the command then says how many and exits 1, as `kktlab verify` does, so a
+    script never takes a table with damaged cells left out for a sound one."""
     from storage.table import table, write
 
     df = table(args.store, args.group, vars=args.vars or (), by=args.by or (), over=args.over, stat=args.stat,
-               where=args.where)
+               where=args.where, interval=args.interval)
     text = write(df, args.format, args.out)
     if text is None:
         print(f"{len(df)} rows -> {args.out}", file=sys.stderr)
     else:
         sys.stdout.write(text)
+    averaged = ", ".join(df.attrs.get("averaged", [])) or "nothing"
+    print(f"{args.stat} over {averaged} (per net first, then over nets), interval: {df.attrs.get('interval')}; "
+          f"{int(df['excluded'].sum()) if 'excluded' in df else 0} cells excluded as not usable", file=sys.stderr)
+    damaged = df.attrs.get("damaged", 0)
+    if damaged:
+        print(f"kktlab: {damaged} damaged cells left out of the table (`kktlab verify {args.store}` names them, "
+              "`kktlab run` on the config recomputes them)", file=sys.stderr)
+        return 1
     return 0
 
 

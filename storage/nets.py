@@ -69,6 +69,9 @@ class Nets:
     extra_dims: dict = dataclasses.field(default_factory=dict)
     # each net's core.declare.NetsContract (what its producer declares for its cell; flows/contracts.py)
     contracts: list = dataclasses.field(default_factory=list)
+    # the nets the producer of these nets read, one per net (a reader with Experiment.reads_before: the
+    # net before an unlearn stage's deletion), or None
+    before: "Nets | None" = None
 
     def trained(self) -> "torch.Tensor":  # noqa: F821
         """(E, 3) bool: which of the blocks W, b, v each net trained (its contract; all where none is known)."""
@@ -101,7 +104,8 @@ class Nets:
                     self.mask[t, :m], self.d[t], self.m[t], self.width[t], self.rng_state[t],
                     [self.cells[i] for i in idx], [self.problems[i] for i in idx],
                     [self.hashes[i] for i in idx] if self.hashes else [], extra, dict(self.extra_dims),
-                    [self.contracts[i] for i in idx] if self.contracts else [])
+                    [self.contracts[i] for i in idx] if self.contracts else [],
+                    None if self.before is None else self.before.select(idx))
 
 
 def _cut(names, k: int, d: int) -> tuple:

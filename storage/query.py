@@ -74,13 +74,34 @@ def left_out_by_status(path: str | pathlib.Path, group: str) -> dict[int, int]:
     return {int(v): int(n) for v, n in zip(values, counts)}
 
 
+def damaged(path: str | pathlib.Path, group: str) -> xr.DataArray:
+    """Done cells of ``group`` that `kktlab verify` names as damaged (a missing or corrupt chunk, which
+    reads as the fill value; a value not finite where declared finite), as a boolean DataArray over
+    the grid: the cheap checks of :func:`storage.verify.verify_group` (``hashes=False``: an edited
+    value whose chunk is sound is left to `kktlab verify`). Damage of a whole group raises StoreError."""
+    from storage.verify import verify_group
+
+    report = verify_group(path, group, None, hashes=False)
+    grid = report.names.grid
+    mask = np.zeros(tuple(len(v) for v in grid.values()), dtype=bool)
+    for idx in report.cells:
+        mask[idx] = True
+    if report.problems:  # a variable or coordinate lost as a whole: every done cell is damaged
+        g = zarr.open_group(str(pathlib.Path(path) / group), mode="r", zarr_format=3)
+        mask |= np.asarray(g[schema.DONE][...], dtype=bool)
+    return xr.DataArray(mask, dims=list(grid), attrs={"description": "done cell named damaged by kktlab verify"})
+
+
 def stage_scalars(path: str | pathlib.Path, group: str) -> xr.Dataset:
     """One number per cell of ``group`` (:func:`load_scalars`), and, for a reading stage, the scalar
     variables of the stage it read from that it does not hold itself (e.g. a universal_attack group
     gets its train stage's ``status``, ``iters``, ``log10_loss``), each downstream cell holding the
     value of the upstream cell it read (broadcast over its own axes), and the upstream's fixed
-    parameters beside its own in the identity (in memory; the store is unchanged). What the report draws."""
+    parameters beside its own in the identity (in memory; the store is unchanged). What the report draws.
+    Its ``damaged`` variable (:func:`damaged`) marks the cells :func:`usable` leaves out as damaged."""
     ds = load_scalars(open_results(path, group))
+    mask = damaged(path, group).transpose(*ds[schema.DONE].dims)
+    ds = ds.assign({schema.DAMAGED: (ds[schema.DONE].dims, mask.values, mask.attrs)})
     ident = json.loads(ds.attrs.get("kktlab_identity") or "{}")
     source = ident.get("from")
     if not source:
@@ -105,10 +126,13 @@ def usable(ds: xr.Dataset, ok: tuple | None = None) -> xr.DataArray:
     """Cells fit for figures, summaries and acceptance tables: done, and, where the group has a
     ``status`` variable, a status among ``ok`` (default: the variable's ``ok_values`` attribute,
     from its declaration; e.g. nonrobust: 1 converged). An unwritten int status holds the fill -1,
-    which is never ok. Failed cells (their computation raised) are never usable."""
+    which is never ok. Failed cells (their computation raised) are never usable, nor damaged ones
+    where ``ds`` carries the ``damaged`` mask (:func:`stage_scalars` adds it; :func:`damaged`)."""
     mask = ds[schema.DONE].astype(bool)
     if schema.FAILED in ds:
         mask = mask & ~ds[schema.FAILED].astype(bool)
+    if schema.DAMAGED in ds:
+        mask = mask & ~ds[schema.DAMAGED].astype(bool)
     if schema.STATUS in ds:
         ok = tuple(ds[schema.STATUS].attrs.get("ok_values", ())) if ok is None else tuple(ok)
         if ok:
@@ -117,26 +141,30 @@ def usable(ds: xr.Dataset, ok: tuple | None = None) -> xr.DataArray:
 
 
 def summary_frame(ds: xr.Dataset, over: str | tuple = "seed", variables: tuple = (), ok: tuple | None = None):
-    """Scalar variables averaged over ``over`` (the dims of it that the group has) on the usable cells only (see
-    :func:`usable`; ``ok`` overrides the status values kept), as a pandas DataFrame. ``n_used``
-    counts the cells each row averages; infinite values are left out of the means and counted in
-    ``<var>_n_inf`` (only for variables that have any)."""
-    scalars = [v for v in ds.data_vars if v not in (schema.DONE, schema.FAILED)
+    """Scalar variables averaged over ``over`` (the dims of it that the group has) on the usable cells
+    only (see :func:`usable`; ``ok`` overrides the status values kept), as a pandas DataFrame, each
+    mean :func:`storage.stats.aggregate`'s (per net first, then over nets; finite values only: the
+    numbers ``kktlab table`` prints for the same cells). ``n_used`` counts the usable cells each row
+    averages; ±inf and NaN values of usable cells are left out of the means and counted in
+    ``<var>_n_inf`` / ``<var>_n_nan`` (only for variables that have any)."""
+    from storage.stats import aggregate
+
+    scalars = [v for v in ds.data_vars if v not in (schema.DONE, schema.FAILED, schema.DAMAGED)
                and ds[v].dims == ds[schema.DONE].dims
                and np.dtype(ds[v].dtype).kind in "fiub" and (not variables or v in variables)]
     mask = usable(ds, ok).load()
-    sub = ds[scalars].where(mask).load()
-    sub["done_frac"] = ds[schema.DONE].astype(float).load()  # eager: a seed-only grid averages to 0-d (to_pandas)
-    sub["n_used"] = mask.astype(int)
+    over = [d for d in ((over,) if isinstance(over, str) else over) if d in ds[schema.DONE].dims]
+    out = {}
     for v in scalars:
-        inf = np.isinf(sub[v]) if sub[v].dtype.kind == "f" else None
-        if inf is not None and bool(inf.any()):
-            sub[f"{v}_n_inf"] = inf.astype(int)
-            sub[v] = sub[v].where(~inf)
-    over = [d for d in ((over,) if isinstance(over, str) else over) if d in sub.dims]
-    if over:
-        counts = [c for c in sub.data_vars if c == "n_used" or c.endswith("_n_inf")]
-        sub = sub.drop_vars(counts).mean(over, skipna=True).merge(sub[counts].sum(over))
+        agg = aggregate(ds[v].load(), over, usable=mask, done=ds[schema.DONE])
+        out[v] = agg.estimate
+        for count in ("n_inf", "n_nan"):
+            if bool(agg[count].any()):
+                out[f"{v}_{count}"] = agg[count]
+    sub = xr.Dataset(out)
+    done = ds[schema.DONE].astype(float).load()  # eager: a seed-only grid averages to 0-d (to_pandas)
+    sub["done_frac"] = done.mean(over) if over else done
+    sub["n_used"] = mask.astype(int).sum(over) if over else mask.astype(int)
     return sub.to_dataframe() if sub.sizes else sub.to_pandas().to_frame("mean").T
 
 

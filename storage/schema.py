@@ -32,6 +32,7 @@ from storage import blocks
 DONE = "done"
 FAILED = "failed"  # the cell's computation raised; its error text is in the group attr FAILURES
 FAILURES = "kktlab_failures"
+DAMAGED = "damaged"  # in memory only (storage.query.damaged): a done cell `kktlab verify` names as damaged
 STATUS = "status"  # the variable whose ``ok_values`` attribute says which cells are usable
 FINITE = "must_be_finite"  # array attribute: a done cell's value is finite (ints: not the fill -1)
 VARIABLES = "kktlab_variables"  # group attribute: the variable names, ``done`` included
@@ -89,6 +90,9 @@ def template(exp: Experiment, grid: dict[str, list], extra_sizes: dict[str, int]
             attrs[FINITE] = True
         if var.pad is not None:
             attrs[PAD] = float(var.pad)
+        for key, bound in zip(("valid_min", "valid_max"), var.domain or (None, None)):
+            if bound is not None:
+                attrs[key] = float(bound)
         data_vars[name] = xr.Variable(vdims, arr, attrs=attrs, encoding={"chunks": chunks})
     cell = {"chunks": block}
     data_vars[DONE] = xr.Variable(

@@ -1,12 +1,21 @@
 """One table from a store: the usable cells of a group (the mask the figures and acceptance tables
-use, :func:`storage.query.usable`), selected, grouped and aggregated, every row kept.
+use, :func:`storage.query.usable`: done, not failed, not damaged, an ok status), selected, grouped and
+aggregated by the one statistics layer (:func:`storage.stats.aggregate`: per net first, then over
+nets), every row kept.
 
     table(store, "sweep", vars=["eps", "eps_mean"], by=["alpha"], over=["seed"], stat="mean")
 
 is a pandas DataFrame with one row per group of ``by`` (and every grid dim not aggregated over),
-the number of usable cells ``n`` each row aggregates, and ``stat`` of each variable over them.
-A reading stage's table can group or select on the variables of the stage it read (its
-upstream's ``status`` or ``d_used``, as :func:`storage.query.stage_scalars` joins them).
+then ``cells`` (the usable cells the row aggregates) and ``excluded`` (done cells of the row left
+out as not usable: failed, damaged, a status outside the declared ok values; pending cells are
+neither), then for each variable, in
+the order asked (default: sorted): ``<var>`` (``stat`` of it), ``<var>_lo`` / ``<var>_hi`` (the
+interval, named in the frame's ``attrs["interval"]``; NaN where there is none), ``<var>_n`` (the nets
+whose finite values entered), ``<var>_n_inf`` / ``<var>_n_nan`` (values left out as ±inf / NaN). The
+columns are the same for every stat, so two runs of a command write the same columns in the same order.
+A reading stage's table can group or select on the variables of the stage it read (its upstream's
+``status`` or ``d_used``, as :func:`storage.query.stage_scalars` joins them). The frame's
+``attrs["damaged"]`` counts the group's damaged cells (``kktlab table`` says so and exits 1).
 """
 
 from __future__ import annotations
@@ -15,29 +24,35 @@ import pathlib
 
 import numpy as np
 import pandas as pd
+import xarray as xr
 
 from core.errors import UserError
 from storage import schema
 from storage.query import groups, stage_scalars, usable
+from storage.stats import STATS, aggregate, interval_name
 
-STATS = ("mean", "median", "std", "sem", "min", "max", "count")
+COUNTS = ("n", "n_inf", "n_nan")
 
 
 def table(path: str | pathlib.Path, group: str | None = None, vars=(), by=(), over=None, stat: str = "mean",
-          where=None) -> pd.DataFrame:
+          where=None, interval: str = "t") -> pd.DataFrame:
     """``vars``: scalar variables (default: every numeric one); ``by``: grid dims or variables to
     group on; ``over``: grid dims aggregated over (default: ``seed`` where it is a dim); a grid
     dim in neither is kept as a grouping column. ``where``: ``{name: value or [values]}`` or
-    strings ``"name=v1,v2"``, on grid dims or variables. ``stat``: one of :data:`STATS`."""
+    strings ``"name=v1,v2"``, on grid dims or variables. ``stat``: one of :data:`STATS`;
+    ``interval``: ``t`` (Student's t) or ``bca`` (bootstrap), see :mod:`storage.stats`."""
     ds, group = _scalars(path, group)
     vars, by, over = _names(vars), _names(by), _names(over)
     dims = list(ds[schema.DONE].dims)
     if stat not in STATS:
         raise UserError(f"--stat {stat!r} is not one of {', '.join(STATS)}")
+    if interval not in ("t", "bca"):
+        raise UserError(f"--interval {interval!r} is not one of t, bca")
     if over is None:
         over = ["seed"] if "seed" in dims else []
-    numeric = [v for v in ds.data_vars if v not in (schema.DONE, schema.FAILED) and ds[v].dtype.kind in "fiub"]
-    vars = vars or [v for v in numeric if v not in (schema.CELL_HASH, schema.UPSTREAM_HASH)]
+    numeric = [v for v in ds.data_vars if v not in (schema.DONE, schema.FAILED, schema.DAMAGED)
+               and ds[v].dtype.kind in "fiub"]
+    vars = vars or sorted(v for v in numeric if v not in (schema.CELL_HASH, schema.UPSTREAM_HASH))
     for field, names, allowed in (("--vars", vars, numeric), ("--by", by, dims + numeric), ("--over", over, dims)):
         bad = [n for n in names if n not in allowed]
         if bad:
@@ -47,29 +62,40 @@ def table(path: str | pathlib.Path, group: str | None = None, vars=(), by=(), ov
     bad = [n for n in where if n not in dims + numeric]
     if bad:
         raise UserError(f"--where: {', '.join(bad)} neither a grid dim nor a variable of group '{group}'")
-    cols = ds[sorted(set(vars) | {v for v in [*by, *where] if v not in dims})].assign(_usable=usable(ds))
-    frame = cols.to_dataframe().reset_index()
-    frame = frame[frame.pop("_usable").astype(bool)]
+    member = xr.ones_like(ds[schema.DONE], dtype=bool)
     for name, values in where.items():
-        frame = frame[frame[name].isin([_as(frame[name], v) for v in values])]
+        member = member & ds[name].isin([_as(ds[name], v) for v in values])
+    for name in by:  # a variable to group on: a new axis, one value per group, each cell a member of its own
+        if name not in dims:
+            split = ds[name].where(member)
+            values = pd.unique(split.values[np.isfinite(split.values)]) if split.dtype.kind == "f" \
+                else pd.unique(split.values.ravel())
+            values = np.sort(values)
+            member = xr.concat([member & (ds[name] == v) for v in values], dim=pd.Index(values, name=name))
+    over = [d for d in over if d not in by]
+    mask = usable(ds)
     keys = list(by) + [d for d in dims if d not in by and d not in over]
-    if not keys:
-        return _aggregate(frame.assign(_all=0), ["_all"], vars, stat).drop(columns="_all")
-    return _aggregate(frame, keys, vars, stat)
-
-
-def _aggregate(frame: pd.DataFrame, keys: list[str], vars: list[str], stat: str) -> pd.DataFrame:
-    """One row per value of ``keys``: ``n`` usable cells, then ``stat`` of each variable (NaN-skipping;
-    ``sem``: std / √count of the finite values)."""
-    grouped = frame.groupby(keys, sort=True, dropna=False)
-    out = grouped.size().rename("n").to_frame()
+    done = ds[schema.DONE].astype(bool)
+    cells = (member & mask).sum(over).astype(int)
+    excluded = (member & done & ~mask).sum(over).astype(int)
+    columns = {"cells": cells, "excluded": excluded}
     for v in vars:
-        col = grouped[v]
-        if stat == "sem":
-            out[v] = col.std() / np.sqrt(col.count())
-        else:
-            out[v] = getattr(col, stat)()
-    return out.reset_index()
+        agg = aggregate(ds[v].broadcast_like(member), over, usable=mask, member=member, done=done, stat=stat, interval=interval)
+        columns.update({v: agg.estimate, f"{v}_lo": agg.lo, f"{v}_hi": agg.hi,
+                        **{f"{v}_{c}": agg[c] for c in COUNTS}})
+    frame = _frame(xr.Dataset(columns), keys)
+    frame = frame[(frame["cells"] > 0) | (frame["excluded"] > 0)].reset_index(drop=True)  # rows outside the selection
+    frame.attrs.update(interval=interval_name(stat, interval) if "seed" in over and "seed" in dims else "none",
+                       stat=stat, averaged=[d for d in over if d in dims],
+                       damaged=int(ds[schema.DAMAGED].sum()) if schema.DAMAGED in ds else 0)
+    return frame
+
+
+def _frame(table: xr.Dataset, keys: list[str]) -> pd.DataFrame:
+    """``table`` as rows: the ``keys`` columns first (sorted), then its variables in order."""
+    if not keys:
+        return table.expand_dims("_row").to_dataframe().reset_index(drop=True)
+    return table.transpose(*keys).to_dataframe().reset_index()[keys + list(table.data_vars)]
 
 
 def _scalars(path, group):
@@ -106,7 +132,7 @@ def _where(where) -> dict[str, list]:
     return out
 
 
-def _as(column: pd.Series, value):
+def _as(column, value):
     """``value`` (a string from the command line, or a number) in the column's type."""
     if not isinstance(value, str):
         return value

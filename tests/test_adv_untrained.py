@@ -86,8 +86,10 @@ def test_a_reading_stage_sees_the_status_of_the_net_it_read(tmp_path, bundle):
                                                                extra_sizes={"point": 1}, source="adv", **make)
     for i, res in enumerate(bundle):
         assert up.write_cell((i,), res)
-        for j in range(2):
-            assert down.write_cell((i, j), {"rta": 0.0, "upstream_hash": 100 + i})
+        for j in range(2):  # every declared variable: a done cell missing one is damaged (storage.query.damaged)
+            full = {n: np.zeros((1,) * len(v.dims), v.dtype) if v.dims else np.asarray(0, v.dtype)
+                    for n, v in pgd.EXPERIMENT.variables.items()}
+            assert down.write_cell((i, j), {**full, "rta": 0.0, "upstream_hash": 100 + i})
     ds = stage_scalars(tmp_path / "s.zarr", "robust")
     assert "train_status" in ds.attrs["kktlab_upstream_variables"]
     assert ds["train_status"].values.tolist() == [[1, 1], [0, 0]]

@@ -1,5 +1,5 @@
 """Paper 003's figures draw error bars over seeds (issue 31 item 4): Figs 2/3/5/6 (single_step) and
-RTA vs R (pgd) show the mean over seeds with its 95 % interval (1.96 sem of the per-seed values)
+RTA vs R (pgd) show the mean over seeds with its Student's t 95 % interval (of the per-seed values)
 and say how many seeds each point averages; with one seed they draw no bar and say so. Synthetic
 groups (no training), the axes inspected before they are saved."""
 
@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import scipy.stats
 import xarray as xr
 from matplotlib.container import ErrorbarContainer
 
 from analysis import lazy as figs
 
+T975_2 = scipy.stats.t.ppf(0.975, 2)  # Student's t quantile at n = 3 (4.30; 1.96 is the normal one)
 D, M, C0, R, V = [25, 49, 100], [100, 1000], [3.0, 10.0], [0.1, 0.5, 1.0], [0.1, 2.0]
 
 
@@ -59,18 +61,19 @@ def test_three_seeds_draw_a_95_percent_interval_on_every_line(kind, make, draw, 
         bars = _bars(ax)
         assert len(bars) == 2, title  # one line per m, C0 or V, each with its bars
         assert all(len(b) == len(R if kind == "pgd" else D) and (b[:, 1] - b[:, 0] > 0).all() for b in bars), title
-        assert "95 % interval over seeds (n = 3 per point)" in title
+        assert "Student's t 95 % interval over nets (seeds; n = 3 per point)" in title
 
 
-def test_the_interval_is_1_96_sem_over_seeds_of_the_per_net_means(drawn, tmp_path):
+def test_the_interval_is_student_t_over_seeds_of_the_per_net_means(drawn, tmp_path):
     ds = _pgd([0, 1, 2])
     figs.pgd_figures(ds, tmp_path, "")
-    (ax, _), = drawn
+    (ax, title), = drawn
     per_seed = ds.rta.sel(V=2.0, R=0.5).mean("restarts").values
-    half = 1.96 * per_seed.std(ddof=1) / np.sqrt(3)
+    half = T975_2 * per_seed.std(ddof=1) / np.sqrt(3)
     mean = float(ds.rta.sel(V=2.0, R=0.5).mean())
     bar = _bars(ax)[1][1]  # V = 2.0, R = 0.5
     np.testing.assert_allclose(bar, [mean - half, mean + half], rtol=1e-12)
+    assert "restarts averaged within each net" in title
 
 
 @pytest.mark.parametrize("kind,make,draw,n_figs", CASES, ids=[c[0] for c in CASES])
@@ -79,11 +82,24 @@ def test_one_seed_draws_no_bar_and_says_so(kind, make, draw, n_figs, drawn, tmp_
     assert len(drawn) == n_figs
     for ax, title in drawn:
         assert all((b[:, 1] - b[:, 0] == 0).all() for b in _bars(ax)), title
-        assert "1 seed per point: no interval" in title
+        assert "1 net per point: no interval" in title
 
 
 def test_a_seed_left_out_is_not_counted(drawn, tmp_path):
     ds = _single_step([0, 1, 2])
     ds["done"] = ds.done.where(~((ds.seed == 2) & (ds.d == 25)), False)
     figs.single_step_figures(ds, tmp_path, "")
-    assert drawn and all("(n = 2/3 per point)" in title for _, title in drawn)
+    assert drawn and all("; n = 2/3 per point)" in title for _, title in drawn)
+
+
+def test_pgd_lines_never_pool_a_chain_axis(drawn, tmp_path):
+    """Issue 40: a pgd group read from an unlearn stage has method and alpha axes: one line each,
+    never their mean under a caption that says 'over seeds'."""
+    ds = _group({"method": ["identity", "ga"], "alpha": [0.5, 1.0], "R": R, "seed": [0, 1, 2]}, ("rta",))
+    figs.pgd_figures(ds, tmp_path, "")
+    (ax, title), = drawn
+    assert len(_bars(ax)) == 4 and "n = 3 per point" in title
+    bar = _bars(ax)[3][0]  # method ga, alpha 1.0, R = 0.1
+    one = ds.rta.sel({"method": "ga", "alpha": 1.0, "R": 0.1}).values
+    half = T975_2 * one.std(ddof=1) / np.sqrt(3)
+    np.testing.assert_allclose(bar, [one.mean() - half, one.mean() + half], rtol=1e-12)

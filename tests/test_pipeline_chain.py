@@ -172,8 +172,7 @@ def test_killed_during_a_stage_then_resumed_equals_a_clean_run(ran, cli, tmp_pat
                    timeout=600)
     at_kill = {g: _done(store, g) for g in TOTAL}
     assert MOMENTS[moment](store), at_kill
-    res = cli.run("run", ran / "chain.yaml", "--store", store, "--json", tmp_path / "stats.json",
-                  env={"PREFECT_HOME": str(tmp_path / "home-b")}, timeout=900)
+    res = cli.run("run", ran / "chain.yaml", "--store", store, "--json", tmp_path / "stats.json", timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
     stats = {s["group"]: s for s in json.loads((tmp_path / "stats.json").read_text())}
     for g, total in TOTAL.items():

@@ -16,6 +16,7 @@ from flows import config
 from flows.sweep import open_store
 from kktlab.report import acceptance_rows, report
 from storage.query import load_scalars, open_results, summary_frame
+from storage.schema import fill_value
 
 DEAD, MAX_ITERS = (0.5, 16, 3), (1.0, 16, 2)  # (alpha, d, seed) of a dead and a max-iteration net
 INF, PENDING = (1.0, 64, 1), (0.5, 64, 0)  # a converged net with c* = inf; a cell never written
@@ -40,6 +41,17 @@ def nonrobust_cell(alpha, d, seed, c, frac, status=1, log10_loss=-31.0, acc=1.0)
             "margin_frac": frac, "n_off_margin": round(m * (1 - frac))}
 
 
+def complete(cfg, vals: dict) -> dict:
+    """``vals`` and every other declared variable of the experiment as not-a-result (the fill value; 0
+    where declared finite; empty along extra dims: all fill), so that no chunk of a done cell is
+    missing: a cell with a missing chunk is damaged and left out (storage.query.damaged)."""
+    out = {}
+    for name, v in cfg.exp.variables.items():
+        dt = np.dtype(v.dtype)
+        out[name] = np.zeros((0,) * len(v.dims), dt) if v.dims else np.asarray(0 if v.finite else fill_value(dt), dt)
+    return {**out, **vals}
+
+
 def write_fig1a(path):
     cfg = config.parse({"experiment": "nonrobust", "name": "fig1a",
                         "grid": {"alpha": list(ALPHAS), "d": list(DS), "seed": list(SEEDS)}, "params": {"width": 8}})
@@ -57,7 +69,7 @@ def write_fig1a(path):
                     vals.update(status=2, c_star=100.0, log10_loss=-10.0, margin_frac=0.1)
                 elif key == INF:
                     vals.update(c_star=math.inf)
-                store.write_cell((ia, idd, s), vals)
+                store.write_cell((ia, idd, s), complete(cfg, vals))
 
 
 def write_widths(path, name, shift):
@@ -70,7 +82,7 @@ def write_widths(path, name, shift):
             for iw, w in enumerate((8, 16)):
                 for s in range(3):
                     c = 1.0 + 0.5 * a + 0.01 * d + 0.1 * (s - 1) + shift * (w == 16)
-                    store.write_cell((ia, idd, iw, s), nonrobust_cell(a, d, s, c, 1.0 if a == 0.5 else 0.95))
+                    store.write_cell((ia, idd, iw, s), complete(cfg, nonrobust_cell(a, d, s, c, 1.0 if a == 0.5 else 0.95)))
 
 
 FORGING_EPS, FORGING_D = (1e-3, 3e-3, 1e-2), (2, 3)
@@ -90,13 +102,13 @@ def write_forging(path):
                     exact = d * math.log(eps) + 0.5
                     lv = exact if est == "exact" else exact + 0.05 * s + (0.5 if (d, eps, s) == OFF_SE else 0.0)
                     low17 = est == "exact" and (d, eps, s) == LOW17
-                    store.write_cell((ie, idd, ix, s), {
+                    store.write_cell((ie, idd, ix, s), complete(cfg, {
                         "log_volume": lv, "log_volume_stderr": 0.0 if est == "exact" else 0.1,
                         "log_volume_exact": exact, "log_bound_eq16": exact + 0.3,
                         "log_bound_eq17_corrected": exact - 0.1 if low17 else exact + 0.2,
                         "log_bound_eq17_paper": exact - 1.0 if d == 3 else exact + 0.2,
                         "nullity": 1.0, "predicted_exponent": float(d), "thm2_exponent": d / 2,
-                        "tube_exponent": float(d), "grad_norm": 1.0, "status": 0.0})
+                        "tube_exponent": float(d), "grad_norm": 1.0, "status": 0.0}))
 
 
 @pytest.fixture(scope="module")

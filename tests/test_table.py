@@ -38,19 +38,22 @@ def store(tmp_path_factory):
 
 def test_usable_cells_grouped_with_counts(store):
     df = kktlab.table(store, vars=["c_star", "iters"], by=["d"])
-    assert list(df.columns) == ["d", "n", "c_star", "iters"]
-    assert df.set_index("d")["n"].to_dict() == {10: 3, 20: 2, 30: 2}  # the non-converged and the undone cell are left out
+    per_var = ["", "_lo", "_hi", "_n", "_n_inf", "_n_nan"]
+    assert list(df.columns) == ["d", "cells", "excluded"] + [f"{v}{s}" for v in ("c_star", "iters") for s in per_var]
+    assert df.set_index("d")["cells"].to_dict() == {10: 3, 20: 2, 30: 2}  # the non-converged and the undone cell are left out
+    assert df.set_index("d")["excluded"].to_dict() == {10: 0, 20: 1, 30: 0}  # (30, 0) is pending, not excluded
     assert df.set_index("d")["c_star"].to_dict() == pytest.approx({10: 11.0, 20: 20.5, 30: 31.5})
 
 
 def test_stats_selection_and_kept_dims(store):
     sem = kktlab.table(store, vars="c_star", by="d", stat="sem").set_index("d")["c_star"]
     assert sem[10] == pytest.approx(np.std([10, 11, 12], ddof=1) / np.sqrt(3))
-    every = kktlab.table(store, vars="c_star", over=[])  # nothing aggregated: one row per usable cell
-    assert len(every) == 7 and set(every.columns) == {"d", "seed", "n", "c_star"}
+    every = kktlab.table(store, vars="c_star", over=[])  # nothing aggregated: one row per done cell
+    assert every.cells.sum() == 7 and every.excluded.tolist().count(1) == 1 and len(every) == 8 and set(every.columns) == {"d", "seed", "cells", "excluded", "c_star", "c_star_lo",
+                                                        "c_star_hi", "c_star_n", "c_star_n_inf", "c_star_n_nan"}
     one = kktlab.table(store, vars="c_star", where=["d=10,30", "seed=1"], over=[])
-    assert sorted(one.c_star) == [11.0, 31.0]
-    assert kktlab.table(store, vars="c_star", where={"iters": 0}, over=["d", "seed"]).n.tolist() == [2]
+    assert sorted(one.c_star) == [11.0, 31.0] and one.c_star_n.tolist() == [1, 1]
+    assert kktlab.table(store, vars="c_star", where={"iters": 0}, over=["d", "seed"]).cells.tolist() == [2]
     assert kktlab.table(store, vars="c_star", by="d", stat="count").c_star.tolist() == [3, 2, 2]
 
 
@@ -68,14 +71,15 @@ def test_cli_formats(store, tmp_path):
                               capture_output=True, text=True, timeout=120)
 
     text = cli("--vars", "c_star", "--by", "d")
-    assert text.returncode == 0 and text.stdout.split("\n")[0].split() == ["d", "n", "c_star"]
+    assert text.returncode == 0 and text.stdout.split("\n")[0].split()[:4] == ["d", "cells", "excluded", "c_star"]
+    assert "Student's t 95 %" in text.stderr
     csv = cli("--vars", "c_star", "--by", "d", "--format", "csv").stdout
-    assert pd.read_csv(pd.io.common.StringIO(csv)).n.tolist() == [3, 2, 2]
+    assert pd.read_csv(pd.io.common.StringIO(csv)).cells.tolist() == [3, 2, 2]
     rows = json.loads(cli("--vars", "c_star", "--by", "d", "--format", "json").stdout)
     assert [r["d"] for r in rows] == D
     assert cli("--vars", "c_star", "--by", "d", "--format", "markdown").stdout.startswith("|")
     out = tmp_path / "t.parquet"
     assert cli("--by", "d", "--format", "parquet", "--out", str(out)).returncode == 0
-    assert pd.read_parquet(out).n.tolist() == [3, 2, 2]
+    assert pd.read_parquet(out).cells.tolist() == [3, 2, 2]
     bad = cli("--vars", "nope")
     assert bad.returncode == 2 and bad.stderr.startswith("kktlab: error: --vars: nope") and "Traceback" not in bad.stderr
