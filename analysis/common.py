@@ -53,7 +53,8 @@ def save(fig, path: pathlib.Path) -> pathlib.Path:
     path = pathlib.Path(path)
     titles = _titles(fig)
     if not _has_data(fig):
-        NOT_DRAWN.append((path.name, "no finite data to draw" + (f" ({titles.splitlines()[0]})" if titles else "")))
+        why = "all values ±inf" if _all_inf(fig) else "no finite data to draw"
+        NOT_DRAWN.append((path.name, why + (f" ({titles.splitlines()[0]})" if titles else "")))
         plt.close(fig)
         return path
     _fit_width(fig)
@@ -85,6 +86,13 @@ def _titles(fig) -> str:
 def _finite(a) -> bool:
     a = np.ma.filled(np.ma.asarray(a, dtype=float), np.nan)
     return a.size > 0 and bool(np.isfinite(a).any())
+
+
+def _all_inf(fig) -> bool:
+    """Whether the data lines of ``fig`` (no finite value: :func:`_has_data`) hold ±inf values."""
+    return any(ln.get_transform() == ax.transData and ln.get_gid() != REFERENCE
+               and np.isinf(np.ma.filled(np.ma.asarray(ln.get_ydata(), dtype=float), np.nan)).any()
+               for ax in _data_axes(fig) for ln in ax.lines)
 
 
 def _has_data(fig) -> bool:

@@ -176,6 +176,9 @@ class Experiment:
     # e.g. forging's estimators): nothing is padded, so a bundle may mix shapes and costs, and bundles
     # are cut by summed cost, a few per worker (flows/bundles.py), not by the padding rule.
     stacked: bool = True
+    # Descriptions that depend on the fixed parameters and the grid (params, grid) -> {variable: text},
+    # stored in place of the declared one (e.g. pgd's rta: training or test accuracy, by ``points``).
+    describe: Callable[[dict, dict], dict[str, str]] = lambda params, grid: {}
     # Variables of the terminal summary table (default: every scalar variable).
     summary: tuple[str, ...] = ()
     # Stages (flows/stages.py): what this experiment's cells leave in the store for a later stage

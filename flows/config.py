@@ -318,6 +318,7 @@ def parse_one(raw: dict, text: str = "", source: str | None = None) -> Config:
         f = f"grid.{key}"
         if key not in exp.params:
             raise ConfigError(f, f"unknown parameter of '{name}'; allowed: " + ", ".join(exp.params))
+        check_axis_name(f, name, key)
         values = axis_values(f, values)
         if not isinstance(values, list):
             raise ConfigError(f, f"grid values must be a list, got {type(values).__name__} (fixed values go in params)")
@@ -393,5 +394,5 @@ def load(path: str | pathlib.Path, overrides: dict | None = None) -> Config:
 
 
 # the checks of a parsed config, in flows/config_checks.py (imported last: they use Config)
-from flows.config_checks import (check_address, check_data, check_fits, check_payload, check_stages,  # noqa: E402,F401
-                                 field_of)
+from flows.config_checks import (SEL_KEYWORDS, check_address, check_axis_name, check_data,  # noqa: E402,F401
+                                 check_fits, check_payload, check_stages, field_of)

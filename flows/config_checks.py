@@ -92,3 +92,19 @@ def check_stages(cfg) -> None:
             if isinstance(cfg, Config):
                 raise
             raise ConfigError(", ".join(f"stages[{i}].{f}" for f in err.field.split(", ")), err.message) from None
+
+
+# The keywords of xarray's Dataset.sel / isel / DataArray.sel (tests/test_exports.py checks the list against
+# xarray): a dim of that name cannot be selected with ds.sel(name=...) (``method`` picks an inexact-match
+# rule instead, and ds.sel(method="ga") returns every method). Refused as grid axes, but for the axes of
+# configs and stores made before (KEYWORD_AXES: experiment, parameter), until they are renamed.
+SEL_KEYWORDS = ("drop", "indexers", "method", "missing_dims", "tolerance")
+KEYWORD_AXES = {("unlearn", "method"), ("single_step", "method")}
+
+
+def check_axis_name(field: str, experiment: str, key: str) -> None:
+    """A grid axis named like a keyword of ``Dataset.sel`` is refused (but for :data:`KEYWORD_AXES`)."""
+    if key in SEL_KEYWORDS and (experiment, key) not in KEYWORD_AXES:
+        raise ConfigError(field, f"a grid axis may not be named like a keyword of xarray's Dataset.sel / isel "
+                                 f"({', '.join(SEL_KEYWORDS)}): ds.sel({key}=...) would not select on it; "
+                                 f"name the parameter e.g. '{experiment}_{key}'")

@@ -303,7 +303,20 @@ def open_store(cfg: config_mod.Config, store_path: str, device: str, up_block: t
     new = not (pathlib.Path(store_path) / cfg.name / "zarr.json").is_file()
     return store.open_or_create(exp, cfg.store_grid, cfg.params, cases=cfg.cases, source=cfg.source,
                                 config_text=cfg.text or json.dumps(cfg.to_dict()),
-                                extra_sizes=cfg.extra_sizes(), device=device, block=block_for(cfg, up_block) if new else None)
+                                extra_sizes=cfg.extra_sizes(), device=used_device(device),
+                                block=block_for(cfg, up_block) if new else None)
+
+
+def used_device(requested: str) -> str:
+    """The device the kernels run on, for the group's provenance (never ``auto``): where the flow runs,
+    which for local and cuda clusters is where the workers run (as flows/bundles.py::memory_budget)."""
+    import torch
+
+    if requested in ("cuda", "auto") and torch.cuda.is_available():
+        used = f"cuda ({torch.cuda.get_device_name(0)})"
+    else:
+        used = "cpu"
+    return used if requested in ("cpu", "cuda") else f"{used} (requested: {requested})"
 
 
 @flow(name="kktlab-sweep", log_prints=False, validate_parameters=False)

@@ -13,7 +13,7 @@ from typing import Callable
 from analysis import acceptance as acc
 from analysis import common
 from kktlab import report_html
-from storage.query import groups, open_results, provenance, stage_scalars, status
+from storage.query import chain_order, open_results, provenance, stage_scalars, status
 
 # What each experiment draws and judges is in its declaration (core.declare.Experiment.figures /
 # .acceptance: modules of analysis/), so a new stage is one declaration plus its maths.
@@ -71,7 +71,7 @@ def _store(store, out: pathlib.Path, fig_dir: pathlib.Path, echo) -> tuple[list[
     lines = [f"# kktlab report for `{store}`", ""]
     done = {r["group"]: r for r in status(store)}
     common.take_records()
-    for g in groups(store):
+    for g in chain_order(store):  # upstream first, as the chain runs
         ds = stage_scalars(store, g)
         exp = ds.attrs.get("kktlab_experiment", "?")
         prov = provenance(ds)

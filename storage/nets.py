@@ -144,7 +144,7 @@ def _problem(g: zarr.Group, idx: tuple, label: str) -> str:
     if not bool(g[schema.DONE][idx]):
         return f"upstream cell ({label}) is not done"
     if schema.FAILED in g and bool(g[schema.FAILED][idx]):
-        err = dict(g.attrs.get(schema.FAILURES, {})).get(label, "")
+        err = schema.failures(g.attrs).get(label, "")
         return f"upstream cell ({label}) failed" + (f": {err}" if err else "")
     if int(g["nets_stored"][idx]) != 1:
         return f"upstream cell ({label}) stored no nets (store_nets: false)"

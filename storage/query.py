@@ -24,6 +24,29 @@ def groups(path: str | pathlib.Path) -> list[str]:
     return sorted(name for name, g in root.groups() if "kktlab_identity" in g.attrs)
 
 
+def chain_order(path: str | pathlib.Path) -> list[str]:
+    """The groups of a store in chain order: every stage after the stage it reads from, stages of one
+    level in the order their config lists them (then by name), not alphabetically."""
+    names = groups(path)
+    info = {}
+    for name in names:
+        attrs = zarr.open_group(str(pathlib.Path(path) / name), mode="r", zarr_format=3).attrs
+        ident = json.loads(attrs.get("kktlab_identity") or "{}")
+        try:
+            stages = [s.get("name") for s in json.loads(attrs.get("config") or "{}").get("stages") or []]
+        except (ValueError, AttributeError):
+            stages = []
+        info[name] = (ident.get("from"), stages.index(name) if name in stages else len(stages))
+    out: list[str] = []
+
+    def visit(parent):
+        for name in sorted((n for n in names if info[n][0] == parent), key=lambda n: (info[n][1], n)):
+            out.append(name)
+            visit(name)
+    visit(None)
+    return out + [n for n in names if n not in out]  # a group reading from one not in the store
+
+
 def open_results(path: str | pathlib.Path, group: str | None = None, dask: bool = True) -> xr.Dataset | xr.DataTree:
     """The results of one experiment group as an xarray.Dataset (lazy, dask-backed; ``dask=False``:
     lazily indexed NumPy arrays, no Dask).
@@ -55,7 +78,7 @@ def status(path: str | pathlib.Path) -> list[dict]:
         failed = np.asarray(g[schema.FAILED][...], dtype=bool) if schema.FAILED in g else np.zeros_like(done)
         out.append({"group": name, "experiment": g.attrs.get("kktlab_experiment", "?"),
                     "done": int(done.sum()), "total": int(done.size), "failed": int((failed & done).sum()),
-                    "failures": dict(g.attrs.get(schema.FAILURES, {}))})
+                    "failures": schema.failures(g.attrs)})
     return out
 
 
@@ -107,8 +130,12 @@ def stage_scalars(path: str | pathlib.Path, group: str) -> xr.Dataset:
     if not source:
         return ds
     up = load_scalars(open_results(path, source))
-    skip = set(ds.data_vars) | {schema.DONE, schema.FAILED, schema.CELL_HASH, schema.UPSTREAM_HASH}
-    extra = {v: up[v].broadcast_like(ds[schema.DONE]).transpose(*ds[schema.DONE].dims)
+    skip = set(ds.data_vars) | {schema.DONE, schema.FAILED, schema.CELL_HASH, schema.UPSTREAM_HASH,
+                                schema.FINISHED, schema.HOST}
+    # an upstream variable named like one of this stage's own axes (forge's eps axis, the upstream unlearn's
+    # eps) would be hidden by it: it comes in as "<source>.<name>", never silently dropped (issue 40)
+    extra = {(f"{source}.{v}" if v in ds.coords else v): up[v].broadcast_like(ds[schema.DONE])
+             .transpose(*ds[schema.DONE].dims).rename(f"{source}.{v}" if v in ds.coords else v)
              for v in up.data_vars if v not in skip}
     up_params = json.loads(up.attrs.get("kktlab_identity") or "{}").get("params", {})
     ident["params"] = {**up_params, **ident.get("params", {})}

@@ -31,7 +31,7 @@ from storage import blocks
 
 DONE = "done"
 FAILED = "failed"  # the cell's computation raised; its error text is in the group attr FAILURES
-FAILURES = "kktlab_failures"
+FAILURES = "kktlab_failures"  # a JSON object, label -> error text (a dict in stores made before issue 40)
 DAMAGED = "damaged"  # in memory only (storage.query.damaged): a done cell `kktlab verify` names as damaged
 STATUS = "status"  # the variable whose ``ok_values`` attribute says which cells are usable
 FINITE = "must_be_finite"  # array attribute: a done cell's value is finite (ints: not the fill -1)
@@ -41,7 +41,37 @@ CHECKSUM = "crc32c"  # the codec that ends every chunk written from this templat
 CELL_HASH = "cell_hash"  # every cell: content hash of its stored values (storage/stale.py, flows/result_cache.py)
 UPSTREAM_HASH = "upstream_hash"  # a reading stage's cell: the cell_hash of the upstream cell it read
 NO_HASH = -1  # the fill of both: no hash recorded (cells of stores made before hashes)
-NOT_HASHED = ("wall_s",)  # timings differ on every run and change nothing a downstream cell reads
+FINISHED = "cell_finished"  # every cell: when its values were written (UTC, CF time: a netCDF tool reads a date)
+HOST = "cell_host"  # every cell: the machine whose worker wrote it
+NOT_HASHED = ("wall_s", FINISHED, HOST)  # timings / places differ on every run and change nothing a reader reads
+CONVENTIONS = "CF-1.10"
+EPOCH = "seconds since 1970-01-01 00:00:00 UTC"
+HOST_CHARS = 64  # the host name stored per cell, cut to this many characters
+# Units a declaration may use that UDUNITS cannot parse: what is stored instead (dimensionless "1"),
+# and what the number is, appended to the description (a netCDF / CF tool reads every unit).
+UNITS = {
+    "l2 norm": ("1", "a Euclidean (l2) norm of dimensionless vectors"),
+    "log(volume)": ("1", "a natural logarithm of a volume"),
+    "log(probability)": ("1", "a natural logarithm of a probability"),
+    "log10": ("1", "a base-10 logarithm"),
+    "log": ("1", "a natural logarithm"),
+    "epoch": ("1", "a count of epochs"),
+    "step": ("1", "a count of steps"),
+}
+
+
+def failures(attrs) -> dict[str, str]:
+    """The group's failures attribute (:data:`FAILURES`) as a dict: JSON text (netCDF has no mapping
+    attribute), or the mapping of a store made before."""
+    raw = attrs.get(FAILURES) or {}
+    if isinstance(raw, str):
+        import json
+
+        try:
+            raw = json.loads(raw)
+        except ValueError:
+            return {"?": f"unreadable {FAILURES} attribute: {raw[:200]}"}
+    return dict(raw) if isinstance(raw, dict) else {}
 
 
 def coord_values(values: list) -> np.ndarray:
@@ -62,10 +92,32 @@ def fill_value(dtype: np.dtype):
     raise TypeError(f"unsupported variable dtype {dtype}")
 
 
+def cf_units(units: str, description: str) -> tuple[str, str]:
+    """A declaration's units and description as stored: UDUNITS-parsable units, the description
+    saying what a dimensionless stand-in (:data:`UNITS`) holds."""
+    if units in UNITS:
+        cf, what = UNITS[units]
+        return cf, f"{description} ({what}; dimensionless)"
+    return units, description
+
+
+def flags(var) -> dict:
+    """CF ``flag_values`` / ``flag_meanings`` of a status variable (its declared labels) or a 0/1 flag
+    (an int8 variable declared "1 if ..."); {} for any other."""
+    if var.labels:
+        return {"flag_values": [int(v) for v, _ in var.labels],
+                "flag_meanings": " ".join(str(name).replace(" ", "_") for _, name in var.labels)}
+    if np.dtype(var.dtype).kind in "iu" and var.description.startswith("1 if "):
+        return {"flag_values": [0, 1], "flag_meanings": "false true"}
+    return {}
+
+
 def template(exp: Experiment, grid: dict[str, list], extra_sizes: dict[str, int],
-             block: tuple[int, ...] | None = None) -> xr.Dataset:
+             block: tuple[int, ...] | None = None, params: dict | None = None) -> xr.Dataset:
     """The empty (lazy, fill-valued) dataset a store is created from; ``block``: the cells of a
-    chunk along the grid dims (storage/blocks.py; default one cell)."""
+    chunk along the grid dims (storage/blocks.py; default one cell); ``params``: the fixed
+    parameters, for descriptions that depend on them (``Experiment.describe``)."""
+    described = exp.describe(dict(params or {}), grid)
     import dask.array as da  # here, not at the top: the reading commands never build a template (~1.5 s)
 
     dims = tuple(grid)
@@ -83,11 +135,12 @@ def template(exp: Experiment, grid: dict[str, list], extra_sizes: dict[str, int]
         # one dask chunk per variable (a graph of a task per variable, not per cell: a 10^5-cell grid is
         # created in seconds, issue 33); the Zarr chunks, one per cell, are set by ``encoding``
         arr = da.full(vshape, fill_value(dt), dtype=dt, chunks=vshape)
-        attrs = {"long_name": long_name(var.description), "units": var.units, "description": var.description}
+        units, description = cf_units(var.units, described.get(name, var.description))
+        attrs = {"long_name": long_name(description), "units": units, "description": description, **flags(var)}
         if var.ok:
             attrs["ok_values"] = [int(v) for v in var.ok]
         if var.finite:
-            attrs[FINITE] = True
+            attrs[FINITE] = 1  # an int, not a bool: netCDF has no boolean attribute (readers take either)
         if var.pad is not None:
             attrs[PAD] = float(var.pad)
         for key, bound in zip(("valid_min", "valid_max"), var.domain or (None, None)):
@@ -97,13 +150,22 @@ def template(exp: Experiment, grid: dict[str, list], extra_sizes: dict[str, int]
     cell = {"chunks": block}
     data_vars[DONE] = xr.Variable(
         dims, da.zeros(shape, dtype=bool, chunks=shape), encoding=cell,
-        attrs={"units": "1", "description": "True once every variable of the cell is written"},
+        attrs={"units": "1", "description": "True once every variable of the cell is written",
+               "flag_values": [0, 1], "flag_meanings": "pending done"},
     )
     data_vars[FAILED] = xr.Variable(
         dims, da.zeros(shape, dtype=bool, chunks=shape), encoding=cell,
         attrs={"units": "1", "description": "True if computing the cell raised (group attr kktlab_failures "
-                                            "has the error); its variables hold the fill value"},
+                                            "has the error); its variables hold the fill value",
+               "flag_values": [0, 1], "flag_meanings": "not_failed failed"},
     )
+    data_vars[FINISHED] = xr.Variable(
+        dims, da.full(shape, np.nan, chunks=shape), encoding=cell,
+        attrs={"units": EPOCH, "calendar": "standard", "standard_name": "time",
+               "description": "when the cell's values were written (UTC; NaN: not recorded)"})
+    data_vars[HOST] = xr.Variable(
+        dims, da.full(shape, "", dtype=f"<U{HOST_CHARS}", chunks=shape), encoding=cell,
+        attrs={"description": "the host whose worker wrote the cell's values (empty: not recorded)"})
     hashes = {CELL_HASH: (True, "sha256 of the cell's stored values but timings (first 63 bits; -1: none "
                                 "recorded), compared with a reading stage's upstream_hash and a worker's receipt"),
               UPSTREAM_HASH: (bool(exp.reads), "cell_hash of the upstream cell this cell read (-1: none recorded)")}
@@ -137,6 +199,7 @@ def about(exp: Experiment, grid: dict[str, list]) -> dict:
     """Global attributes that say what the group is, for readers without kktlab (CF's title,
     source, references, and a README)."""
     return {
+        "Conventions": CONVENTIONS,
         "title": f"kktlab {exp.name}: {exp.description}",
         "source": "kktlab, experiment " + exp.name,
         "references": f"paper {exp.paper}",

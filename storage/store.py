@@ -96,7 +96,7 @@ class Store:
                 raise StoreError(f"group '{self.group_name}' of {self.path} has arrays but no group metadata "
                                  f"(damaged); move {gpath} away or use another --store")
             shutil.rmtree(gpath)
-        ds = schema.template(exp, grid, extra_sizes, block)
+        ds = schema.template(exp, grid, extra_sizes, block, ident.get("params"))
         ds.attrs.update({
             BLOCK: list(ds[schema.DONE].encoding["chunks"]),
             "kktlab_identity": json.dumps(ident, sort_keys=True, default=str),
@@ -194,9 +194,12 @@ class Store:
         """Re-create, empty and from the template, every array (variable, ``done``, coordinate)
         whose metadata is missing or unreadable or, for a coordinate, whose values do not decode.
         Returns their names; the done cells they held are damaged and found by :meth:`verify`."""
-        ds = schema.template(exp, grid, extra_sizes, self.block())
+        ident = json.loads(self.group().attrs.get("kktlab_identity") or "{}")
+        ds = schema.template(exp, grid, extra_sizes, self.block(), ident.get("params"))
         gpath = self.path / self.group_name
-        broken = [name for name in ds.variables if not _array_sound(gpath / str(name), name in ds.coords)]
+        listed = set(self.group().attrs.get(schema.VARIABLES) or ds.data_vars)  # not arrays an older kktlab
+        broken = [name for name in ds.variables if (name in ds.coords or name in listed)  # never made
+                  and not _array_sound(gpath / str(name), name in ds.coords)]
         if not broken:
             return []
         tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{self.path.name}.restore-", dir=self.path.parent))
@@ -274,7 +277,18 @@ class Store:
         if schema.CELL_HASH in self._group_rw and len(cells):  # after the values, before done
             blocks.write_points(self._array(schema.CELL_HASH), points[cells],
                                 np.asarray([hashes[i] for i in cells], dtype=np.int64), schema.NO_HASH)
+        self._stamp(points[cells])
         return hashes
+
+    def _stamp(self, points: np.ndarray) -> None:
+        """Record when (UTC) and on which host these cells were written (groups made before: nothing)."""
+        if not len(points) or schema.FINISHED not in self._group_rw:
+            return
+        now = datetime.datetime.now(datetime.timezone.utc).timestamp()
+        blocks.write_points(self._array(schema.FINISHED), points, np.full(len(points), now), np.nan)
+        host = platform.node()[:schema.HOST_CHARS]
+        blocks.write_points(self._array(schema.HOST), points,
+                            np.full(len(points), host, dtype=f"<U{schema.HOST_CHARS}"), "")
 
     def holds(self, written: list[tuple[tuple[int, ...], int]]) -> bool:
         """Do the cells hold what their worker wrote? ``written``: (index, content hash) pairs from
@@ -315,10 +329,10 @@ class Store:
             was = blocks.read_points(self._array(schema.FAILED), marked).astype(bool)
             if was.any():
                 blocks.write_points(self._array(schema.FAILED), marked[was], np.zeros(int(was.sum()), bool), False)
-                failures = dict(g.attrs.get(schema.FAILURES, {}))
+                failures = schema.failures(g.attrs)
                 for idx in marked[was]:
                     failures.pop(self.cell_label(tuple(idx)), None)
-                g.attrs[schema.FAILURES] = failures
+                g.attrs[schema.FAILURES] = json.dumps(failures, sort_keys=True)
         if len(marked):
             blocks.write_points(self._array(schema.DONE), marked, np.ones(len(marked), dtype=bool), False)
         return [bool(x) for x in ok]
@@ -335,11 +349,12 @@ class Store:
         point = blocks.points([index], len(index))
         g = self._group_rw
         label = self.cell_label(index)
-        failures = dict(g.attrs.get(schema.FAILURES, {}))
+        failures = schema.failures(g.attrs)
         failures[label] = error[:2000]
-        g.attrs[schema.FAILURES] = failures
+        g.attrs[schema.FAILURES] = json.dumps(failures, sort_keys=True)
         if schema.FAILED in g:  # stores made before failures were stored have no such array
             blocks.write_points(self._array(schema.FAILED), point, np.ones(1, dtype=bool), False)
+        self._stamp(point)
         if schema.CELL_HASH in g:  # a failed cell holds no values: no hash (its readers are stale)
             blocks.write_points(self._array(schema.CELL_HASH), point, np.full(1, schema.NO_HASH), schema.NO_HASH)
         blocks.write_points(self._array(schema.DONE), point, np.ones(1, dtype=bool), False)

@@ -87,8 +87,23 @@ def table(path: str | pathlib.Path, group: str | None = None, vars=(), by=(), ov
     frame = frame[(frame["cells"] > 0) | (frame["excluded"] > 0)].reset_index(drop=True)  # rows outside the selection
     frame.attrs.update(interval=interval_name(stat, interval) if "seed" in over and "seed" in dims else "none",
                        stat=stat, averaged=[d for d in over if d in dims],
-                       damaged=int(ds[schema.DAMAGED].sum()) if schema.DAMAGED in ds else 0)
+                       damaged=int(ds[schema.DAMAGED].sum()) if schema.DAMAGED in ds else 0,
+                       units=_units(ds, frame.columns, vars))
     return frame
+
+
+def _units(ds: xr.Dataset, columns, vars) -> dict[str, dict[str, str]]:
+    """Per column its ``units`` and ``long_name`` (written into a Parquet file's field metadata):
+    a variable's interval as the variable, its counts and the cell counts dimensionless."""
+    out = {}
+    for col in columns:
+        base = next((v for v in vars if col in (v, f"{v}_lo", f"{v}_hi")), None)
+        src = ds[base] if base is not None else ds[col] if col in ds.variables else None
+        if base is None and col not in ds.dims:  # cells, excluded, <var>_n...
+            out[col] = {"units": "1", "long_name": col.replace("_", " ")}
+        elif src is not None:
+            out[col] = {"units": str(src.attrs.get("units", "1")), "long_name": str(src.attrs.get("long_name", col))}
+    return out
 
 
 def _frame(table: xr.Dataset, keys: list[str]) -> pd.DataFrame:
@@ -150,7 +165,14 @@ def write(df: pd.DataFrame, fmt: str, out: str | None) -> str | None:
     if fmt == "parquet":
         if not out:
             raise UserError("--format parquet needs --out FILE")
-        df.to_parquet(out, index=False)
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        tab = pa.Table.from_pandas(df, preserve_index=False)
+        units = df.attrs.get("units", {})
+        fields = [f.with_metadata({k.encode(): v.encode() for k, v in units.get(f.name, {}).items()}) if f.name in units
+                  else f for f in tab.schema]
+        pq.write_table(tab.cast(pa.schema(fields, metadata=tab.schema.metadata)), out)
         return None
     if fmt == "text":
         with pd.option_context("display.width", 200, "display.max_columns", None, "display.max_rows", None):

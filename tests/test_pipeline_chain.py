@@ -159,7 +159,7 @@ def _values(store) -> dict:
     out = {}
     for g in TOTAL:
         ds = open_results(store, group=g).load()
-        out.update({f"{g}/{v}": ds[v].values for v in ds.data_vars if v != "wall_s"})
+        out.update({f"{g}/{v}": ds[v].values for v in ds.data_vars if v not in schema.NOT_HASHED})
     return out
 
 

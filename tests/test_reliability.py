@@ -17,6 +17,7 @@ import xarray as xr
 
 from flows import config, result_cache
 from flows.sweep import FAILED, code_fingerprint, open_store, run, write_bundle
+from storage import schema
 from storage.query import open_results
 from storage.store import Store
 
@@ -44,7 +45,7 @@ def _cache_path(cfg, store):
 
 def _values(store, group="cache"):
     ds = open_results(store, group).load()
-    return {v: ds[v].values for v in ds.data_vars if v != "wall_s"}
+    return {v: ds[v].values for v in ds.data_vars if v not in schema.NOT_HASHED}
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ from flows import experiments
 from flows.sweep import open_store
 from flows import config
 from core.errors import StoreError
+from storage import schema
 from storage.query import open_results, status
 
 
@@ -33,7 +34,7 @@ def test_template_schema(tmp_path):
     assert ds.sizes == {"d": 3, "seed": 2, "sample": 30}
     assert list(ds.d.values) == [10, 20, 30] and list(ds.seed.values) == [0, 1]
     for name, var in c.exp.variables.items():
-        assert ds[name].attrs["units"] == var.units and ds[name].attrs["description"]
+        assert ds[name].attrs["units"] == schema.cf_units(var.units, var.description)[0] and ds[name].attrs["description"]
         assert ds[name].dims == ("d", "seed", *var.dims)
         assert ds[name].encoding["chunks"][:2] == store.block() == (1, 2)  # a chunk per block: the seeds of a d
     assert not ds.done.any() and np.isnan(ds.c_star).all()

@@ -261,6 +261,6 @@ def test_corrupted_run_is_named_then_repaired_by_a_rerun(cli, prefect_server, wr
     assert verify.returncode == 0 and "4 of 4 cells done and sound, ok" in verify.stdout, verify.stdout
     repaired = open_results(store)
     for name in clean.data_vars:
-        if name != "wall_s":
+        if name not in schema.NOT_HASHED:  # timings, when and where a cell was written
             np.testing.assert_allclose(repaired[name].values.astype(float), clean[name].values.astype(float),
                                        rtol=1e-9, atol=0, equal_nan=True, err_msg=name)

@@ -94,6 +94,16 @@ def needs(cell: dict) -> NetsNeeds:
 
 
 
+def describe(params: dict, grid: dict) -> dict[str, str]:
+    """``rta`` and ``clean_acc`` say which points were attacked: with ``points: train`` they are
+    training accuracies (issue 40), with both values on the grid either, by cell."""
+    points = {str(p) for p in grid.get("points", [params.get("points", "test")])}
+    which = ("training" if points == {"train"} else "test" if points == {"test"}
+             else "test or training (by the cell's points)")
+    return {"rta": f"robust {which} accuracy: y f(x_adv) > 0 at the final PGD iterate (the paper's)",
+            "clean_acc": f"clean {which} accuracy"}
+
+
 def bundle_key(cell: dict) -> tuple:
     return tuple(sorted((k, v) for k, v in cell.items() if k != "R"))
 
@@ -105,6 +115,6 @@ EXPERIMENT = register(Experiment(
     paper="003 Wang, Ullah, Mianjy, Arora: Adversarial robustness is at odds with lazy training",
     description="robust test accuracy under PGD-l2 (step 2.5R/T2, projection every step) on stored nets (reads 'nets')",
     params=P, variables=V, run_bundle=run_bundle, bundle_key=bundle_key, reads="nets", needs=needs,
-    extra_dims=extra_dims,
+    extra_dims=extra_dims, describe=describe,
     summary=("rta", "rta_strict", "clean_acc", "R_used"), spec_ids=("E4", "E5", "X1", "X3", "X5"),
 ))

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 
 from core.declare import NetsContract, NetsNeeds
+from core.errors import ConfigError
 from flows import bundle_progress
 from flows.experiments import Experiment, Param, Var, register, by_shape, timed
 from flows.experiments import train as train_exp
@@ -40,6 +41,8 @@ P = {
     "forget": Param(int, -1, "forgotten index l; -1 one random l per net (App. E); -2 every l (Def 2.2's max)",
                     min=-2, max=10**5),
     "k": Param(int, 1, "points forgotten at once: {l, …, l+k-1} mod m (§5)", min=1, max=10**5),
+    "forget_set": Param(str, "", "indices forgotten together, comma-separated (e.g. '3, 17, 42'; one index: that "
+                        "point); set, it replaces forget and k; '': forget / k decide"),
     "forget_seed": Param(int, 0, "seed of the random l (forget = -1), with the upstream cell's coordinates",
                          min=0, max=2**32 - 1),
     "model": Param(str, "two_layer", "the train stage's model (checked against the stored output layer)",
@@ -157,7 +160,7 @@ def contract(cell: dict, upstream: NetsContract | None) -> NetsContract:
     upstream's init and test set are not handed on. One net per cell unless forget = -2."""
     up = upstream or NetsContract()
     return NetsContract(arrays=frozenset({"forgotten"}), trained=up.trained, output=up.output, trainer=up.trainer,
-                        data=up.data, single=cell["forget"] != -2, fixed=up.fixed)
+                        data=up.data, single=cell["forget"] != -2 or bool(cell.get("forget_set")), fixed=up.fixed)
 
 
 def needs(cell: dict) -> NetsNeeds:
@@ -174,9 +177,29 @@ def needs(cell: dict) -> NetsNeeds:
                          "init and D_MG points")
 
 
+def check(cell: dict) -> None:
+    """``forget_set``: distinct non-negative integers; one point only for ``ga`` (k_ga / sequential_ga
+    / retrain forget several)."""
+    try:
+        idx = cell_fn.parse_forget_set(cell["forget_set"])
+    except ValueError as err:
+        raise ConfigError("forget_set", str(err)) from None
+    if len(idx) > 1 and cell["method"] == "ga":
+        raise ConfigError("forget_set", f"method 'ga' forgets one point, got {len(idx)}; use k_ga, sequential_ga "
+                          "or retrain for a set")
+
+
 def check_points(cell: dict, m: int) -> tuple[str, str] | None:
-    """``forget`` (an index l, or -1 / -2) and the k points {l, …, l+k-1} mod m against an upstream net
-    of m training points (the run-time check of tasks/cells/unlearn.py::forget_sets, at config time)."""
+    """``forget`` (an index l, or -1 / -2) and the k points {l, …, l+k-1} mod m, or ``forget_set``, against
+    an upstream net of m training points (the run-time check of tasks/cells/unlearn.py::forget_sets, at
+    config time)."""
+    idx = cell_fn.parse_forget_set(cell.get("forget_set", ""))
+    if idx:
+        if max(idx) >= m:
+            return "forget_set", f"index {max(idx)} is out of range for {{upstream}} (allowed 0..{m - 1})"
+        if len(idx) >= m:
+            return "forget_set", f"forgets all {m} points of {{upstream}}: no retained point"
+        return None
     if cell["forget"] >= m:
         return "forget", (f"is out of range for {{upstream}} (allowed -2..{m - 1}: an index l, -1 one random l "
                           "per net, -2 every l)")
@@ -193,6 +216,7 @@ EXPERIMENT = register(Experiment(
     description="GA / k-GA / retrain unlearning judged by the KKT criterion (Def 2.2) on stored nets (reads 'nets')",
     params=P, variables=V, run_bundle=run_bundle, bundle_key=bundle_key, reads="nets", inherits=INHERITS,
     produces=("nets",), nets=contract, needs=needs, nets_arrays={"forgotten": ("sample",)}, check_points=check_points,
+    check=check,
     cost=lambda c: 1.0 + (c.get("retrain_epochs", 10**5) if c["method"] == "retrain" or c["ref_retrain"] else 0),
     summary=("m_used", "eps", "eps_mean", "delta", "eps_rel", "eps1", "tau_fixed", "cos_svm", "preconditions_met"),
     spec_ids=("F001-1", "F001-2", "F001-3", "F001-4", "F001-5", "F001-6", "P001-4", "P001-5", "P001-6", "P001-7",

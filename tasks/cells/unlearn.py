@@ -41,9 +41,37 @@ def _check_nets(v: torch.Tensor, width: torch.Tensor, linear: bool) -> None:
                              f"net {e} has |v_j| in [{float(v[e, :n].abs().min()):.3g}, {float(v[e, :n].abs().max()):.3g}]")
 
 
+def parse_forget_set(text: str) -> list[int]:
+    """``forget_set`` as written ('3, 17, 42') -> [3, 17, 42]; '' -> []. ValueError (one line) on anything
+    but distinct non-negative integers."""
+    parts = [p.strip() for p in str(text).split(",")] if str(text).strip() else []
+    if any(not p.isdigit() for p in parts):
+        raise ValueError(f"{text!r}: write distinct non-negative indices separated by commas, e.g. '3, 17, 42'")
+    idx = [int(p) for p in parts]
+    if len(set(idx)) != len(idx):
+        raise ValueError(f"{text!r}: an index is given twice")
+    return idx
+
+
+def forgotten_count(c: dict) -> int:
+    """k of a cell: the size of ``forget_set`` if given, else ``k``."""
+    return len(parse_forget_set(c.get("forget_set", ""))) or c["k"]
+
+
 def forget_sets(c: dict, m: torch.Tensor, keys: list[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(F (E,L,M) bool, anchors (E,L) int64, ok (E,L) bool) of the cell's forget rule per net."""
+    """(F (E,L,M) bool, anchors (E,L) int64, ok (E,L) bool) of the cell's forget rule per net; with
+    ``forget_set`` its points (anchor: the first listed)."""
     E, M, k, f = len(keys), int(m.max()), c["k"], c["forget"]
+    chosen = parse_forget_set(c.get("forget_set", ""))
+    if chosen:
+        for e in range(E):
+            me = int(m[e])
+            if max(chosen) >= me or len(chosen) >= me:
+                raise ValueError(f"forget_set: {chosen} is out of range or leaves no retained point for a net "
+                                 f"with m = {me} points")
+        F = torch.zeros(E, 1, M, dtype=torch.bool)
+        F[:, 0, chosen] = True
+        return F, torch.full((E, 1), chosen[0], dtype=torch.int64), torch.ones(E, 1, dtype=torch.bool)
     for e in range(E):
         me = int(m[e])
         if f >= me:
@@ -254,7 +282,7 @@ def unlearn(W, b, v, X, y, mask, d, m, width, rng, keys: list[str], cells: list[
         okL = ok[e]
         mx = lambda t: float(t[e, okL, a].max()) if t.dim() == 3 else float(t[e, okL].max())  # noqa: E731
         mean = lambda t: float(t[e, okL, a].mean()) if t.dim() == 3 else float(t[e, okL].mean())  # noqa: E731
-        me, ne, k = int(m[e]), int(n_true[e]), c["k"]
+        me, ne, k = int(m[e]), int(n_true[e]), forgotten_count(c)
         eps1, delta1 = float(r1.eps[e]), float(r1.delta[e])
         b = bnd.bounds("linear" if linear else "two_layer", me, ne, k, eps1, delta1, float(eps_d[e]),
                        float(stats["psi"][e]), float(stats["phi"][e]))
@@ -270,7 +298,8 @@ def unlearn(W, b, v, X, y, mask, d, m, width, rng, keys: list[str], cells: list[
             "feasible": int(bool(T["feasible"][e, okL, a].all())),
             "eps": mx(T["eps"]), "delta": mx(T["delta"]), "eps_rel": mx(T["eps_rel"]),
             "eps_mean": mean(T["eps"]), "delta_mean": mean(T["delta"]), "eps_rel_mean": mean(T["eps_rel"]),
-            "eps_app_e": float(eps_l[app_e_anchor(c, keys[i], me)]) if c["forget"] in (-1, -2) else math.nan,
+            "eps_app_e": float(eps_l[app_e_anchor(c, keys[i], me)]) if c["forget"] in (-1, -2) and not
+            c.get("forget_set") else math.nan,
             "eps_inherited": mx(T["eps_inherited"]), "delta_inherited": mx(T["delta_inherited"]),
             "eps_dynamics": mx(T["eps_dynamics"]),
             "eps1": eps1, "delta1": delta1, "eps1_rel": float(r1.eps_rel[e]), "feasible1": int(r1.feasible[e]),
