@@ -42,11 +42,9 @@ CELL_HASH = "cell_hash"  # every cell: content hash of its stored values (storag
 UPSTREAM_HASH = "upstream_hash"  # a reading stage's cell: the cell_hash of the upstream cell it read
 NO_HASH = -1  # the fill of both: no hash recorded (cells of stores made before hashes)
 FINISHED = "cell_finished"  # every cell: when its values were written (UTC, CF time: a netCDF tool reads a date)
-HOST = "cell_host"  # every cell: the machine whose worker wrote it
-NOT_HASHED = ("wall_s", FINISHED, HOST)  # timings / places differ on every run and change nothing a reader reads
+NOT_HASHED = ("wall_s", FINISHED)  # timings / places differ on every run and change nothing a reader reads
 CONVENTIONS = "CF-1.10"
 EPOCH = "seconds since 1970-01-01 00:00:00 UTC"
-HOST_CHARS = 64  # the host name stored per cell, cut to this many characters
 # Units a declaration may use that UDUNITS cannot parse: what is stored instead (dimensionless "1"),
 # and what the number is, appended to the description (a netCDF / CF tool reads every unit).
 UNITS = {
@@ -163,9 +161,6 @@ def template(exp: Experiment, grid: dict[str, list], extra_sizes: dict[str, int]
         dims, da.full(shape, np.nan, chunks=shape), encoding=cell,
         attrs={"units": EPOCH, "calendar": "standard", "standard_name": "time",
                "description": "when the cell's values were written (UTC; NaN: not recorded)"})
-    data_vars[HOST] = xr.Variable(
-        dims, da.full(shape, "", dtype=f"<U{HOST_CHARS}", chunks=shape), encoding=cell,
-        attrs={"description": "the host whose worker wrote the cell's values (empty: not recorded)"})
     hashes = {CELL_HASH: (True, "sha256 of the cell's stored values but timings (first 63 bits; -1: none "
                                 "recorded), compared with a reading stage's upstream_hash and a worker's receipt"),
               UPSTREAM_HASH: (bool(exp.reads), "cell_hash of the upstream cell this cell read (-1: none recorded)")}

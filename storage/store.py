@@ -197,7 +197,10 @@ class Store:
         ident = json.loads(self.group().attrs.get("kktlab_identity") or "{}")
         ds = schema.template(exp, grid, extra_sizes, self.block(), ident.get("params"))
         gpath = self.path / self.group_name
-        listed = set(self.group().attrs.get(schema.VARIABLES) or ds.data_vars)  # not arrays an older kktlab
+        # every array of the template (a variable or hash array added since: re-created), but cell_finished
+        # where the group was made without it (an older kktlab's group does not gain it)
+        made = set(self.group().attrs.get(schema.VARIABLES) or ds.data_vars)
+        listed = {str(n) for n in ds.data_vars if n != schema.FINISHED or n in made}
         broken = [name for name in ds.variables if (name in ds.coords or name in listed)  # never made
                   and not _array_sound(gpath / str(name), name in ds.coords)]
         if not broken:
@@ -281,14 +284,11 @@ class Store:
         return hashes
 
     def _stamp(self, points: np.ndarray) -> None:
-        """Record when (UTC) and on which host these cells were written (groups made before: nothing)."""
+        """Record when (UTC) these cells were written (groups made before: nothing)."""
         if not len(points) or schema.FINISHED not in self._group_rw:
             return
         now = datetime.datetime.now(datetime.timezone.utc).timestamp()
         blocks.write_points(self._array(schema.FINISHED), points, np.full(len(points), now), np.nan)
-        host = platform.node()[:schema.HOST_CHARS]
-        blocks.write_points(self._array(schema.HOST), points,
-                            np.full(len(points), host, dtype=f"<U{schema.HOST_CHARS}"), "")
 
     def holds(self, written: list[tuple[tuple[int, ...], int]]) -> bool:
         """Do the cells hold what their worker wrote? ``written``: (index, content hash) pairs from
