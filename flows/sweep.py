@@ -117,14 +117,8 @@ def compute_reading(exp, cells: list[dict], device: str, inputs: dict) -> list[d
     worker (never passed through the flow); a cell whose upstream cell is not usable (not done,
     failed, no nets stored) is failed with that reason, not computed. Each computed cell keeps the
     ``cell_hash`` of the upstream cell read with its nets (``upstream_hash``: storage/stale.py)."""
-    from flows.contracts import cells_at, contracts_at
-    from storage.nets import load_nets_at, producer
-
-    up = experiments.get(producer(inputs["store"], inputs["group"]))
     indices = [tuple(i) for i in inputs["indices"]]
-    nets = load_nets_at(inputs["store"], inputs["group"], indices, up.rebuild)
-    nets.contracts = contracts_at(inputs["store"], inputs["group"], indices)  # what each net is (its producer says)
-    nets.cells = cells_at(inputs["store"], inputs["group"], indices)  # as run, with what they inherited
+    nets = nets_at(inputs["store"], inputs["group"], indices)
     if exp.reads_before:  # the nets the upstream read: the pair before / after its deletion
         nets.before = load_before(inputs["store"], inputs["group"], indices, nets.problems)
     ok = [i for i, p in enumerate(nets.problems) if not p]
@@ -136,23 +130,31 @@ def compute_reading(exp, cells: list[dict], device: str, inputs: dict) -> list[d
     return out
 
 
+def nets_at(store: str, group: str, indices: list[tuple[int, ...]]):
+    """The stored nets of ``group`` at ``indices`` (rebuilt as their producer says), with each one's
+    contract (what the net is) and cell as run (with what it inherited)."""
+    from flows.contracts import cells_at, contracts_at
+    from storage.nets import load_nets_at, producer
+
+    nets = load_nets_at(store, group, indices, experiments.get(producer(store, group)).rebuild)
+    nets.contracts = contracts_at(store, group, indices)
+    nets.cells = cells_at(store, group, indices)
+    return nets
+
+
 def load_before(store: str, group: str, indices: list[tuple[int, ...]], problems: list[str]):
     """The nets the cells of ``group`` at ``indices`` read (its own upstream group, at the leading
     indices: a stage's dims are its upstream's followed by its own), for readers that compare a net
     before and after a stage (Experiment.reads_before). An unusable upstream cell becomes the problem
     of the cell that needs it."""
-    from flows.contracts import cells_at, contracts_at
-    from storage.nets import load_nets_at, producer, source
+    from storage.nets import source
 
     up, n_up = source(store, group)
     if up is None:
         from core.errors import StoreError
 
         raise StoreError(f"group '{group}' of {store} read no earlier stage: there is no net before it")
-    ups = [tuple(i)[:n_up] for i in indices]
-    before = load_nets_at(store, up, ups, experiments.get(producer(store, up)).rebuild)
-    before.contracts = contracts_at(store, up, ups)
-    before.cells = cells_at(store, up, ups)
+    before = nets_at(store, up, [tuple(i)[:n_up] for i in indices])
     for i, p in enumerate(before.problems):
         if p and not problems[i]:
             problems[i] = f"the net before it: {p}"
