@@ -14,7 +14,10 @@ deployment named after the config's experiment. deploy/prefect.yaml holds the sa
 from __future__ import annotations
 
 import asyncio
+import os
 import pathlib
+
+from core.errors import UserError
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 ENTRYPOINT = "flows/served.py:submit"
@@ -49,6 +52,7 @@ async def ensure_pool(name: str) -> None:
 
 CRASH_AUTOMATION = "kktlab: mark flow runs that stop sending heartbeats Crashed"
 HEARTBEATS_MISSED = 3  # a run is crashed after this many heartbeat periods without one
+# ($KKTLAB_HEARTBEATS_MISSED: another whole number >= 2; the tests' crash drill uses 2)
 
 
 def heartbeat_s() -> int:
@@ -73,7 +77,10 @@ def ensure_crash_automation(within_s: int | None = None) -> tuple[str, int]:
     from prefect.events.schemas.automations import EventTrigger, Posture
     from prefect.events.schemas.events import ResourceSpecification
 
-    within_s = within_s or HEARTBEATS_MISSED * heartbeat_s()
+    missed = int(os.environ.get("KKTLAB_HEARTBEATS_MISSED") or HEARTBEATS_MISSED)
+    if missed < 2:  # one period is what a healthy run takes between two heartbeats: crashes would be false
+        raise UserError(f"KKTLAB_HEARTBEATS_MISSED={missed}: a run must be allowed at least 2 heartbeat periods")
+    within_s = within_s or missed * heartbeat_s()
     try:
         have = Automation.read(name=CRASH_AUTOMATION)
     except ValueError:  # none yet

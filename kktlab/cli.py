@@ -23,7 +23,9 @@ def check_prefect_api() -> None:
         probe(api_url())
 
 
-FLOW_COMMANDS = ("run", "submit", "cancel", "deploy")  # the commands that import Prefect (the readers start in ~1 s)
+# the commands that wrap Prefect's SIGTERM handler at start (the readers start in ~1 s); `run` wraps it
+# once its configs are checked (cmd_run), so a bad config is refused without importing Prefect
+FLOW_COMMANDS = ("submit", "cancel", "deploy")
 SHOWN_DAMAGED = 5  # damaged cells named by status, show and run (verify names them all)
 SHOW_ROWS = 200  # rows of `show`'s table before it averages over the last axes (--all: every cell)
 
@@ -48,7 +50,7 @@ def _verify(store: str, group: str | None = None) -> list:
 
 
 def _cells(n: int) -> str:
-    return f"{n} cell" if n == 1 else f"{n} cells"
+    return f"{n} cell" + ("" if n == 1 else "s")
 
 
 def _damage_lines(store: str, report, limit: int | None = SHOWN_DAMAGED) -> list[str]:
@@ -68,11 +70,7 @@ def cmd_run(args) -> int:
     runner: dict = {}
     if args.dask_address is not None:
         runner.update(cluster="address", address=args.dask_address)
-    for key in ("workers", "max_cells"):
-        if getattr(args, key) is not None:
-            runner[key] = getattr(args, key)
-    if args.device:
-        runner["device"] = args.device
+    runner.update({k: getattr(args, k) for k in ("workers", "max_cells", "device") if getattr(args, k) is not None})
     if runner:
         overrides["runner"] = runner
     if args.store and len(args.config) > 1:
@@ -99,16 +97,8 @@ def cmd_run(args) -> int:
 
     for address in sorted({cfg.runner["address"] for cfg in cfgs if cfg.runner["cluster"] == "address"}):
         check_scheduler(address)
-    from deploy import runtime
-
-    runtime.quiet_env(args.verbose)
-    runtime.quiet_logs(args.verbose)
-    from flows.sweep import open_store, run
-    from kktlab.progress_view import terminal_bars
-    from storage.query import open_results, summary
-
     # every check that can refuse a config or store runs, for every config and stage, before the
-    # first group is made: a refused run leaves no new group behind
+    # first group is made (and before Prefect and Dask are imported): a refused run leaves no new group
     from storage.store import check_kktlab_store
 
     planned: dict = {}
@@ -120,10 +110,19 @@ def cmd_run(args) -> int:
             find_groups(store)  # a group whose metadata is gone: one line, before anything runs
         for i, stage in enumerate(cfg.stages):  # an existing group of another experiment or grid: one line
             _check_group(stage, store, planned, "" if cfg.stages[0] is cfg else f"stages[{i}].")
+    from deploy import runtime
+
+    runtime.quiet_env(args.verbose)
+    runtime.quiet_logs(args.verbose)
+    from flows.sweep import open_store, run
+    from kktlab.progress_view import terminal_bars
+    from storage.query import open_results, summary
+
     for cfg, store in zip(cfgs, stores):
         for stage in cfg.stages:  # then the groups are made, before the server
             open_store(stage, store, stage.runner["device"])
     all_stats = []
+    stopping.install()
     try:
         # the run lock of every group (storage/runlock.py) before any server or cluster starts: another
         # run computing one of them refuses this one here, in one line, or (--wait) is waited for here

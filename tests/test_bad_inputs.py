@@ -358,6 +358,10 @@ if __name__ == "__main__":  # the helper process: import once, then one forked p
     import flows.experiments
     import kktlab.preflight  # noqa: F401
     import deploy.probe  # noqa: F401
+    import kktlab.served  # noqa: F401 - what kktlab.cli imports (itself is run by runpy, as python -m does)
+    import kktlab.tables  # noqa: F401
+    import storage.store  # noqa: F401 - zarr and xarray (Prefect is not: cases set its environment)
+    import storage.verify  # noqa: F401
 
     flows.experiments.names()  # every experiment (and torch) imported before the forks
     with tempfile.TemporaryDirectory() as tmp:

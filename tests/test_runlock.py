@@ -201,13 +201,15 @@ class ServerStart(Exception):
     """Raised where the run would start its embedded Prefect server (the tests below stop there)."""
 
 
-def _no_server(calls: list):
+def _no_server(calls: list, store=None):
     """A stand-in for deploy.runtime.prefect_api that records when a server would start, then stops the run."""
     import contextlib
 
     @contextlib.contextmanager
     def start():
         calls.append(time.monotonic())
+        if store is not None:  # who holds the group when the server would start (this run, once it waited)
+            calls.append(runlock.holder(store, "twice").get("pid"))
         raise ServerStart("server start reached")
         yield  # pragma: no cover
 
@@ -237,11 +239,13 @@ def test_run_wait_waits_before_any_server_starts(tmp_path, holder_proc, write_co
     path, store = write_config(CFG), tmp_path / "s.zarr"
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
     calls: list = []
-    monkeypatch.setattr(runtime, "prefect_api", _no_server(calls))
+    monkeypatch.setattr(runtime, "prefect_api", _no_server(calls, store))
     a = holder_proc(store, "twice", seconds=1.5)
     with pytest.raises(ServerStart):
         main(["run", str(path), "--store", str(store), "--wait"])
-    assert len(calls) == 1 and a.poll() == 0, "the server started while the other run still held the group"
+    # (the holder may not have exited yet on a busy machine: the lock is what must have changed hands)
+    assert calls[1:] == [os.getpid()], f"the server started while {calls[1:]} held the group (holder pid {a.pid})"
+    assert a.wait(timeout=60) == 0
 
 
 SUBMIT_ENV = {"PREFECT_API_URL": "http://127.0.0.1:9/api"}  # nothing listens: any call to the server fails
