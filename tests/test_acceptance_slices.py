@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 import xarray as xr
 
 from analysis import acceptance_002 as a2
@@ -37,6 +38,16 @@ def test_r1_counts_nets_not_nets_times_attacks():
     assert row.measured.startswith("6/6 runs"), row.measured
 
 
+def test_r1_fails_a_net_below_100_percent_training_accuracy():
+    """Kills i040-r1-drops-train-acc: a net at loss < target but training accuracy 0.9 does not reach
+    R1 ("100 % training accuracy"): 4/6 runs (nets d=25 and 50 of seed 1), value 4/6."""
+    ds = _chain_group()
+    ds["train_acc"] = ds["train_acc"].where(ds.seed != 1, 0.9)
+    row = a2.r1(ds)
+    assert row.passed is False and row.measured.startswith("4/6 runs") and "min acc 0.9000" in row.measured
+    assert row.value == 4 / 6
+
+
 def test_no_margin_direction_cell_is_not_judged():
     row = a2.r2(_chain_group(attacks=("random_direction",)))
     assert row.passed is None and row.note.startswith("not judged")
@@ -63,6 +74,31 @@ def test_p001_10_is_judged_only_in_its_regime():
     for d, a in ((500, 0.1), (2000, 0.3)):
         row = a1.p001_10(_dmg_group(d, a))[0]
         assert row.passed is None and "not judged" in row.note, (d, a, row)
+
+
+@pytest.mark.parametrize("drop, passed", [(0.01, True), (0.05, False), (0.15, False)])
+def test_p001_10_tolerance_is_two_points_of_accuracy(drop, passed):
+    """Kills i040-p001-10-tolerance: test accuracy after GA at most 0.02 below before (spec P001-10)."""
+    from analysis import acceptance_001 as a1
+
+    ds = _dmg_group(2000, 0.1)
+    ds["test_acc_after"] = ds["test_acc_before"] - drop
+    row = a1.p001_10(ds)[0]
+    assert row.passed is passed and row.value == pytest.approx(-drop, abs=1e-12), row
+
+
+def test_p001_10_judges_only_the_d_axis_values_in_its_regime():
+    """Kills i040-p001-10-d-axis: with d a grid axis (a train stage's grid, the unlearn group's dim), only
+    the d >= 2000 cells are judged: d = 500's accuracy falls by 0.45, d = 2000's rises by 0.01 (pass,
+    3 cells, value 0.01)."""
+    from analysis import acceptance_001 as a1
+
+    one = _dmg_group(2000, 0.1).drop_vars("d_used")
+    ds = xr.concat([one.expand_dims(d=[500]), one.expand_dims(d=[2000])], "d")
+    ds["test_acc_after"] = ds["test_acc_after"].where(ds.d >= 2000, 0.5)
+    row = a1.p001_10(ds)[0]
+    assert row.passed is True and row.value == pytest.approx(0.01, abs=1e-12), row
+    assert row.note.startswith("3 cells") and "after 0.9600" in row.measured
 
 
 def _pgd_group(rta) -> xr.Dataset:
@@ -121,6 +157,25 @@ def test_P004_13_and_15_judge_each_net_apart():
     assert rows["P004-13"].passed and abs(rows["P004-13"].value - 1.001) < 1e-12
     assert "worst of 2 nets" in rows["P004-13"].note
     assert rows["P004-15"].passed and "per net (2)" in rows["P004-15"].note
+
+
+def test_P004_13_and_15_report_the_worst_net_not_the_best():
+    """Kills i040-p004-13-best-net, i040-p004-15-best-net: net 0's runs agree (objective max/min 1.001,
+    score std / (10 x relative objective std) = 0.15/(10 x 0.0005/1.0005) ≈ 30), net 1's do not (max/min
+    1.5; 0.15 / (10 x 0.5/2.5) = 0.075): both rows judge the worse net and fail."""
+    from analysis.acceptance_004 import acceptance
+
+    obj = np.ones((2, 3, 2)) * np.array([1.0, 2.0])[:, None, None]  # (seed, radius, restart)
+    obj[0, :, 1] *= 1.001
+    obj[1, :, 1] *= 1.5
+    score = np.array([0.2, 0.5]) * np.ones((2, 3, 1))  # std 0.15 across restarts on every net and radius
+    dims = ("seed", "radius", "restart")
+    ds = xr.Dataset({"objective": (dims, obj), "score5": (dims, score), "done": (dims, np.ones(obj.shape, bool))},
+                    coords={"seed": [0, 1], "radius": [0.5, 1.0, 10.0], "restart": [0, 1]})
+    rows = {r.spec_id: r for r in acceptance(ds)}
+    assert rows["P004-13"].passed is False and rows["P004-13"].value == pytest.approx(1.5, rel=1e-12)
+    assert rows["P004-15"].passed is False
+    assert rows["P004-15"].value == pytest.approx(0.15 / (10 * 0.5 / 2.5), rel=1e-12)
 
 
 def test_P001_4_shows_the_mean_over_l_and_the_app_e_reading():

@@ -39,6 +39,12 @@ def reader(experiment: str, source: str = "nets", **params) -> dict:
 REFUSED = [
     ("train -> single_step (test points)", (TRAIN, reader("single_step", points="test") | {"grid": {"deepfool": [False]}}),
      "stages[1].from", "needs X_test, y_test"),
+    ("train -> single_step (training points, then test points)",  # every cell's needs, not the first's
+     (TRAIN, reader("single_step") | {"grid": {"points": ["train", "test"]}}), "stages[1].from",
+     "needs X_test, y_test"),
+    ("train -> pgd (training points, then test points)",
+     (TRAIN, reader("pgd", budget="given") | {"grid": {"points": ["train", "test"]}}), "stages[1].from",
+     "needs X_test"),
     ("train -> unlearn", (TRAIN, UNLEARN), "stages[1].from", "needs nets that trained W or W+b"),
     ("train_kkt -> universal_attack", (TRAIN_KKT, reader("universal_attack")), "stages[1].from",
      "needs nets that trained W+b+v"),

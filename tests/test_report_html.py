@@ -1,12 +1,14 @@
 """``kktlab report STORE STORE --out DIR`` writes ``index.html`` (issue 31 item 4): every image it
 shows exists, is a non-empty PNG distinct from the others with an SVG twin, a figure without data is
 named "not drawn" instead of written, store texts are escaped, and headless Chromium (installed by
-``.ci/run``) loads every image. The stores are test_report.py's synthetic ones (no training)."""
+``.ci/run``) loads every image; without a browser that check fails on CI (``KKTLAB_NO_BROWSER=1`` opts
+out) and skips elsewhere. The stores are test_report.py's synthetic ones (no training)."""
 
 from __future__ import annotations
 
 import hashlib
 import html.parser
+import os
 import pathlib
 import shutil
 import subprocess
@@ -106,8 +108,41 @@ def test_store_text_is_escaped():
     assert "&lt;script&gt;" in text and "<td>&lt;i&gt;</td>" in text and 'src="g_&lt;x&gt;.png"' in text
 
 
-def _browser() -> str | None:
-    return next((b for b in map(shutil.which, BROWSERS) if b), None)
+NO_BROWSER = "KKTLAB_NO_BROWSER"  # "1": on CI, run without the browser check on purpose (then a skip)
+
+
+def _browser() -> str:
+    """The headless browser, else the browser check's outcome (issue 40: never a silent skip): on CI
+    (``CI`` set, as .ci/run sets it, which installs Chromium) a failure saying the install failed,
+    unless ``KKTLAB_NO_BROWSER=1`` says so on purpose; elsewhere a skip naming what to install."""
+    found = next((b for b in map(shutil.which, BROWSERS) if b), None)
+    if found:
+        return found
+    why = f"no headless Chromium on PATH (none of {', '.join(BROWSERS)})"
+    if os.environ.get("CI") and os.environ.get(NO_BROWSER) != "1":
+        pytest.fail(f"{why} although CI installs it (.ci/run: apt-get install chromium): the install failed; "
+                    f"install chromium, or set {NO_BROWSER}=1 to run without the browser check", pytrace=False)
+    pytest.skip(f"{why}: install the Debian package 'chromium' (.ci/run does)")
+
+
+@pytest.mark.parametrize("env, outcome", [({"CI": "true"}, pytest.fail.Exception),
+                                          ({"CI": "true", NO_BROWSER: "1"}, pytest.skip.Exception),
+                                          ({}, pytest.skip.Exception)], ids=["CI", "CI opted out", "no CI"])
+def test_a_missing_browser_fails_on_ci_and_skips_with_its_reason_elsewhere(monkeypatch, env, outcome):
+    """Kills i040-chromium-missing-skips-on-ci: without a browser the check fails on CI (its install
+    failed) unless opted out; it skips elsewhere; either way the message names Chromium."""
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    for key in ("CI", NO_BROWSER):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    got = None
+    try:  # caught by hand: a skip raised inside pytest.raises(Failed) would skip this test, not fail it
+        _browser()
+    except (pytest.fail.Exception, pytest.skip.Exception) as err:
+        got = err
+    assert type(got) is outcome, repr(got)
+    assert "no headless Chromium on PATH" in str(got)
 
 
 PROBE = """<script>window.addEventListener("load", () => {
@@ -118,8 +153,6 @@ PROBE = """<script>window.addEventListener("load", () => {
 
 def test_chromium_loads_every_image(built, tmp_path):
     browser = _browser()
-    if browser is None:
-        pytest.skip("no headless Chromium (.ci/run installs the Debian package 'chromium')")
     out, _, page = built
     probe = out / "_probe.html"  # the page plus a script marking each image loaded or not, beside it
     probe.write_text((out / "index.html").read_text().replace("</body>", PROBE))

@@ -155,6 +155,24 @@ def test_non_finite_value_where_declared_finite_is_damage(filled):
                                       "d=10, alpha=0.5, seed=1: variable status missing (reads the fill value)"]
 
 
+@pytest.mark.parametrize("name, edit", [("c_star", lambda a: a + 1e-9), ("iters", lambda a: a - 1),
+                                        ("q_sample", lambda a: a[::-1].copy())], ids=["scalar", "int", "vector"])
+def test_a_hand_edited_value_is_named_by_its_cell_hash(filled, name, edit):
+    """Kills i040-verify-ignores-edited-cells, i040-content-hashes-scalar-shape: a value rewritten through
+    zarr (its chunk's checksum valid) no longer hashes to the cell_hash stored with it: verify names that
+    cell and only it (every other cell's hash, computed in one batch, still matches); plan recomputes it."""
+    import zarr
+
+    cfg, store = filled
+    assert store.verify().ok
+    arr = zarr.open_array(str(store.path / cfg.name / name), mode="r+", zarr_format=3)
+    arr[1, 0, 1] = edit(np.asarray(arr[1, 0, 1]))
+    report = store.verify()
+    assert report.lines() == ["d=20, alpha=0.5, seed=1: values differ from the cell_hash stored with them "
+                              "(edited since)"], report.lines()
+    assert [idx for idx, _ in plan(cfg, store, force=False)[0]] == [(1, 0, 1)]
+
+
 def test_every_chunk_is_checksummed(filled, tmp_path):
     cfg, _ = filled
     for meta in (tmp_path / "s.zarr" / cfg.name).glob("*/zarr.json"):
