@@ -108,25 +108,28 @@ def dask_address(prefect_server):
     return SERVICES.dask()
 
 
-FLOW_RUNS = ("run",)  # commands run in-process by cli.run: they attach to the session's services
+FLOW_RUNS = ("run",)  # commands that attach to the session's services
+# commands cli.run runs in this process (no 3-10 s of imports per call): runs, and the readers
+IN_PROCESS = (*FLOW_RUNS, "status", "verify", "show", "table", "report", "experiments")
 
 
-def _run_cli(*args, env=None, timeout=600, process=False, **kw) -> subprocess.CompletedProcess:
-    """Run the kktlab command line ``ARGS`` in the repo root, capturing output. ``kktlab run`` runs
-    in this process (no 10 s of imports) on the session's Prefect server and Dask cluster, unless
-    ``process`` or ``env`` is given: then, as every other command, it is ``python -m kktlab.cli ARGS``
-    in a subprocess (still on the session's services when ``env`` is not given)."""
+def _run_cli(*args, env=None, timeout=600, process=False, cwd=None, **kw) -> subprocess.CompletedProcess:
+    """Run the kktlab command line ``ARGS`` in ``cwd`` (default the repo root), capturing output.
+    ``kktlab run`` (on the session's Prefect server and Dask cluster) and the reading commands run in
+    this process, unless ``process`` or ``env`` is given: then, as every other command, it is
+    ``python -m kktlab.cli ARGS`` in a subprocess (a run still on the session's services when
+    ``env`` is not given)."""
     args = tuple(map(str, args))
-    if not process and env is None and not kw and args and args[0] in FLOW_RUNS:
-        return _run_here(args)
+    if not process and env is None and not kw and args and args[0] in IN_PROCESS:
+        return _run_here(args, cwd or ROOT)
     full_env = dict(os.environ, **(env or {}))
     if env is None and args and args[0] in FLOW_RUNS:
         full_env.setdefault("KKTLAB_DASK_ADDRESS", SERVICES.dask())
-    return subprocess.run([*KKTLAB, *args], cwd=ROOT, env=full_env, capture_output=True,
+    return subprocess.run([*KKTLAB, *args], cwd=cwd or ROOT, env=full_env, capture_output=True,
                           text=True, timeout=timeout, **kw)
 
 
-def _run_here(args: tuple[str, ...]) -> subprocess.CompletedProcess:
+def _run_here(args: tuple[str, ...], cwd=ROOT) -> subprocess.CompletedProcess:
     """``kktlab ARGS`` as :func:`kktlab.cli.main` in this process, with what a process would give:
     stdout, stderr, the exit status (an uncaught exception printed as the interpreter prints it,
     status 1); the environment, working directory and signal handlers are put back afterwards."""
@@ -137,13 +140,15 @@ def _run_here(args: tuple[str, ...]) -> subprocess.CompletedProcess:
 
     from kktlab import cli as kcli
 
-    SERVICES.prefect()
+    if args[0] in FLOW_RUNS:
+        SERVICES.prefect()
     saved_env, saved_cwd = dict(os.environ), os.getcwd()
     saved_signals = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-    os.environ["KKTLAB_DASK_ADDRESS"] = SERVICES.dask()
+    if args[0] in FLOW_RUNS:
+        os.environ["KKTLAB_DASK_ADDRESS"] = SERVICES.dask()
     out, err = io.StringIO(), io.StringIO()
     try:
-        os.chdir(ROOT)
+        os.chdir(cwd)
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
                 rc = kcli.main(list(args))

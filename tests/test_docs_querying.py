@@ -7,8 +7,6 @@ from __future__ import annotations
 import pathlib
 import re
 import shlex
-import subprocess
-import sys
 
 import pytest
 import yaml
@@ -30,7 +28,7 @@ def folder(prefect_server, cli, tmp_path_factory):
 
 
 @pytest.mark.requires_services
-def test_every_block_of_the_querying_doc_runs(folder, monkeypatch):
+def test_every_block_of_the_querying_doc_runs(folder, monkeypatch, cli):
     blocks = BLOCK.findall(DOC.read_text())
     assert sum(kind == "python" for kind, _ in blocks) >= 6
     monkeypatch.chdir(folder)
@@ -42,8 +40,7 @@ def test_every_block_of_the_querying_doc_runs(folder, monkeypatch):
         for line in (ln.strip() for ln in code.splitlines()):
             if not line.startswith("kktlab ") or line.startswith("kktlab run "):  # the store is made above
                 continue
-            res = subprocess.run([sys.executable, "-m", "kktlab.cli", *shlex.split(line)[1:]], cwd=folder,
-                                 capture_output=True, text=True, timeout=300)
+            res = cli.run(*shlex.split(line)[1:], cwd=folder)  # in this process, as in a shell in the folder
             assert res.returncode == 0, (line, res.stderr[-2000:])
     assert (folder / "c_star_by_attack.parquet").exists() and (folder / "robustness.parquet").exists()
 

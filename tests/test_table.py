@@ -4,8 +4,6 @@ use: done, not failed, an ok status), grouped and aggregated with counts, every 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pandas as pd
@@ -65,21 +63,23 @@ def test_bad_query_names_the_field(store, kw, field):
         kktlab.table(store, **kw)
 
 
-def test_cli_formats(store, tmp_path):
-    def cli(*args):
-        return subprocess.run([sys.executable, "-m", "kktlab.cli", "table", str(store), *args],
-                              capture_output=True, text=True, timeout=120)
+def test_cli_formats(store, tmp_path, cli):
+    calls: list = []
 
-    text = cli("--vars", "c_star", "--by", "d")
+    def table(*args):  # the first as its own process (python -m kktlab.cli), the others in this one
+        calls.append(args)
+        return cli.run("table", store, *args, process=len(calls) == 1)
+
+    text = table("--vars", "c_star", "--by", "d")
     assert text.returncode == 0 and text.stdout.split("\n")[0].split()[:4] == ["d", "cells", "excluded", "c_star"]
     assert "Student's t 95 %" in text.stderr
-    csv = cli("--vars", "c_star", "--by", "d", "--format", "csv").stdout
+    csv = table("--vars", "c_star", "--by", "d", "--format", "csv").stdout
     assert pd.read_csv(pd.io.common.StringIO(csv)).cells.tolist() == [3, 2, 2]
-    rows = json.loads(cli("--vars", "c_star", "--by", "d", "--format", "json").stdout)
+    rows = json.loads(table("--vars", "c_star", "--by", "d", "--format", "json").stdout)
     assert [r["d"] for r in rows] == D
-    assert cli("--vars", "c_star", "--by", "d", "--format", "markdown").stdout.startswith("|")
+    assert table("--vars", "c_star", "--by", "d", "--format", "markdown").stdout.startswith("|")
     out = tmp_path / "t.parquet"
-    assert cli("--by", "d", "--format", "parquet", "--out", str(out)).returncode == 0
+    assert table("--by", "d", "--format", "parquet", "--out", str(out)).returncode == 0
     assert pd.read_parquet(out).cells.tolist() == [3, 2, 2]
-    bad = cli("--vars", "nope")
+    bad = table("--vars", "nope")
     assert bad.returncode == 2 and bad.stderr.startswith("kktlab: error: --vars: nope") and "Traceback" not in bad.stderr
