@@ -5,6 +5,9 @@ BIN     := $(VENV)/bin
 TORCH   ?= torch==2.13.0
 CONFIG  ?= configs/quickstart.yaml configs/quickstart-forging.yaml configs/quickstart-unlearning.yaml configs/quickstart-lazy.yaml configs/quickstart-reconstruct.yaml configs/pipeline-small.yaml
 export DO_NOT_TRACK := 1
+# bytecode cached (__pycache__/, git-ignored): with PYTHONDONTWRITEBYTECODE set, as on the CI image, every
+# process recompiled the project and pytest re-rewrote the tests' asserts (collection 27 s -> 11 s wall)
+unexport PYTHONDONTWRITEBYTECODE
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export OMP_WAIT_POLICY := PASSIVE
 # MKL's dgemm bit-identical whatever the operands' alignment (deploy/runtime.py QUIET_ENV, issue 29)
