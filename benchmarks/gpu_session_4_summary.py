@@ -1,4 +1,6 @@
-"""Headline lines of benchmarks/gpu_session_4.sh from the JSONs it wrote (its summary.txt).
+"""Headline lines of benchmarks/gpu_session_4.sh and gpu_session_5.sh from the JSONs they wrote (their
+summary.txt): the wide step's variants with their check against kktlab's step, cold compile, paper grids,
+and (session 5) the chain's stages and finding (chain_summary.json of benchmarks/chain_session.py).
 
     python benchmarks/gpu_session_4_summary.py DIR
 """
@@ -57,16 +59,22 @@ def main(folder: str) -> None:
                 out.append(f"  {key} GEMMs alone, best layout {s['best_gemm_layout']}: "
                            f"{f(s.get('gemm_only_fraction_of_gemm4096') and 100 * s['gemm_only_fraction_of_gemm4096'], '.0f')}"
                            f"% of the dense GEMM; floor {f((s.get('floor') or {}).get('floor_ms'), '.3f')} ms")
+            if s.get("check"):
+                out.append(f"  {key} check: {s['check'].get('steps')} steps at lr {s['check'].get('lr')} (the largest "
+                           f"of {[t['lr'] for t in s['check'].get('lr_trials', [])]} at which (a) is stable and moves)")
             for name, r in s.get("variants", {}).items():
+                chk = "" if "update_rel_diff_vs_a" not in r else (
+                    f", update vs a's {f(r['update_rel_diff_vs_a'], '.1e')} ({'ok' if r.get('check_ok') else 'NOT ok'}"
+                    f"{'; ' + r['check_invalid'] if r.get('check_invalid') else ''})")
                 out.append(f"  {key} {name:26s} {r['ms_per_step']:8.4f} ms/step {r['tflops_nominal']:6.2f} TFLOP/s "
                            f"= {f(r.get('fraction_of_gemm4096') and 100 * r['fraction_of_gemm4096'], '.0f')}% of GEMM, "
                            f"{f(r.get('speedup_vs_a'), '.2f')}x vs a, max rel diff vs a "
-                           f"{f(r.get('max_param_rel_diff_vs_a'), '.1e')}")
+                           f"{f(r.get('max_param_rel_diff_vs_a'), '.1e')}{chk}")
         for key, s in w.get("shapes", {}).items():
             if s.get("k", 0) < 100000:
                 continue
-            ok = {n: r for n, r in s.get("variants", {}).items()
-                  if (r.get("max_param_rel_diff_vs_a") or 0) <= 1e-5 or n == "a_kktlab"}
+            ok = {n: r for n, r in s.get("variants", {}).items()  # the check where it ran (session 5 on)
+                  if n == "a_kktlab" or (r["check_ok"] if "check_ok" in r else (r.get("max_param_rel_diff_vs_a") or 0) <= 1e-5)}
             full = {n: r for n, r in ok.items() if not n.startswith(("f_gram", "e_kktlab"))}  # all 4·B·d·k FLOP
             for label, group in (("any variant", ok), ("same FLOP as kktlab's step", full)):
                 if not group:
@@ -100,6 +108,16 @@ def main(folder: str) -> None:
                    f"{f(e4.get('constructions_s'), '.0f')} s), {e4.get('cells')} cells")
         if g.get("errors"):
             out.append(f"paper grid errors: {g['errors']}")
+    ch = load(folder, "chain_summary.json")
+    if ch:
+        for g, r in (ch.get("stages") or {}).items():
+            out.append(f"chain {g} ({r.get('experiment')}): {r.get('done')}/{r.get('cells')} done, failed "
+                       f"{r.get('failed')}, bundle compute {f(r.get('bundle_compute_s'), '.1f')} s, "
+                       f"{f(r.get('cells_per_compute_s'))} cells/s, finish span {f(r.get('finish_span_s'), '.1f')} s")
+        nets = ((ch.get("finding") or {}).get("nets") or {}).get("rows") or []
+        if nets:
+            out.append("chain nets eps_rel: " + ", ".join(f"seed {r.get('seed')}: {f(r.get('eps_rel'))}" for r in nets))
+        out += [f"chain {line}" for line in ch.get("headline") or []]
     print("\n".join(out) if out else "(no JSON found)")
 
 

@@ -1,9 +1,9 @@
 """The GD step of benchmarks/wide_step_variants.py (issue 46) re-implemented at E = 1, and its
-harness: the parameter check against (a), the timed runs' schedule, one net's state as plain device
-tensors (State), the elementwise part as one (compiled) function (make_ew, get_ew), the step as
-2 GEMMs + that function, optionally carried through the Gram matrix (Fused), the whole step for
-max-autotune (whole_step_fn), CUDA-graph capture (capture, KktlabStepper.graphed), and the run's
-budget and JSON (Run).
+harness (the check against (a) is benchmarks/wide_step_check.py): the timed runs' schedule, one net's
+state as plain device tensors (State), the elementwise part as one (compiled) function (make_ew,
+get_ew), the step as 2 GEMMs + that function, optionally carried through the Gram matrix (Fused), the
+whole step for max-autotune (whole_step_fn), CUDA-graph capture (capture, KktlabStepper.graphed), and
+the run's budget and JSON (Run).
 
     from benchmarks.wide_step_kernels import Fused, KktlabStepper, Run, State, capture, whole_step_fn
 """
@@ -18,31 +18,13 @@ import traceback
 import torch
 
 from benchmarks.gpu_probe import nvidia_smi, write_json
+from benchmarks.wide_step_check import CHECK_STEPS, CHECK_TOL, MIN_UPDATE_REL
 from tasks import nets, train
 from tasks.nets import log_loss_terms
 from tasks.train import gd
 
-CHECK_STEPS = 8  # steps of the numerical check (two Gram blocks of 4)
-CHECK_LR = 1e-2  # the check's LR: each step moves W by ~1e-3 of its size (1e-5 would leave it near its init)
 GRAPH_STEPS = 8  # steps per captured CUDA graph (a divisor of the timed step counts)
 FIELDS = ("log_lr", "plateau_pos", "iters", "status", "log_loss", "separated")  # TrainState's reassigned fields
-
-
-def rel_diff(params, ref, start=None) -> dict:
-    """Largest |p - p_ref| / max|p_ref| over W, b, v; and relative to the update max|p_ref - p_start|."""
-    out = {"max_param_rel_diff_vs_a": 0.0}
-    if start is not None:
-        out["max_diff_over_update_vs_a"] = 0.0
-    for name, p, r in zip("Wbv", params, ref):
-        p, r = p.double().cpu(), r.double().cpu()
-        d = float((p - r).abs().max())
-        out["max_param_rel_diff_vs_a"] = max(out["max_param_rel_diff_vs_a"], d / max(float(r.abs().max()), 1e-300))
-        if start is not None:
-            upd = float((r - start[name].double().cpu()).abs().max())
-            out["max_diff_over_update_vs_a"] = max(out["max_diff_over_update_vs_a"], d / max(upd, 1e-300))
-        if not torch.isfinite(p).all():
-            out["max_param_rel_diff_vs_a"] = math.inf
-    return out
 
 
 def schedule(lr0: float, loss: str = "exp") -> train.Schedule:
@@ -300,9 +282,15 @@ class Run:
             "tflops_nominal": "4*B*d*k FLOP per step (the two big GEMMs) over the step's time",
             "tflops_actual": "the GEMM FLOP the variant really does per step (Gram variants: fewer)",
             "fraction_of_gemm4096": "tflops_nominal over a dense 4096^3 fp32 GEMM (TF32 off) timed in this run",
-            "max_param_rel_diff_vs_a": f"max |p - p_a| / max |p_a| over W, b, v after {CHECK_STEPS} steps at lr "
-                                       f"{CHECK_LR} from the same init; max_diff_over_update_vs_a: the same over the "
-                                       "largest change of (a)'s parameters in those steps"}}
+            "max_param_rel_diff_vs_a": f"max |p - p_a| / max |p_a| over W, b, v after {CHECK_STEPS} steps at the "
+                                       "shape's check lr (shapes.*.check: the largest of a ladder at which (a) is "
+                                       "stable and moves) from the same init; max_diff_over_update_vs_a: the same "
+                                       "over the largest change of (a)'s parameters in those steps (inf: the "
+                                       "variant's parameters are not finite)",
+            "update_rel_diff_vs_a": "||(p - p0) - (p_a - p0)|| / ||p_a - p0|| over W, b, v (Frobenius): how far the "
+                                    "variant's update is from (a)'s; check_ok: <= "
+                                    f"{CHECK_TOL:g}, (a) finite and moved by >= {MIN_UPDATE_REL:g} of ||p0|| "
+                                    "(ref_update_rel)"}}
         if self.dev.type == "cuda":
             self.payload["smi_start"] = nvidia_smi()
 

@@ -20,11 +20,11 @@ passes over the (B, k) activations. Variants, each timed with CUDA events (media
                    (eager launches, and _graph: one CUDA graph per block)
 
 Per variant: ms/step, TFLOP/s at the nominal 4·B·d·k FLOP of a step (and at the GEMM FLOP it really
-does, for the Gram variants), the fraction of a dense 4096³ fp32 GEMM measured in this run, and the
-largest relative parameter difference from (a) after CHECK_STEPS steps from the same init at a
-larger LR (1e-2, so the steps move the parameters). Plus a torch.profiler kernel table of kktlab's
-step (GEMM vs elementwise vs launch gaps), the GEMM time of every layout candidate alone, and the
-floor max(FLOP / GEMM rate, bytes / copy bandwidth).
+does, for the Gram variants), the fraction of a dense 4096³ fp32 GEMM measured in this run, and how
+far its parameter update after CHECK_STEPS steps from the same init is from (a)'s, at an LR picked per
+shape where (a) is stable and moves (benchmarks/wide_step_check.py). Plus a torch.profiler kernel table
+of kktlab's step (GEMM vs elementwise vs launch gaps), the GEMM time of every layout candidate alone,
+and the floor max(FLOP / GEMM rate, bytes / copy bandwidth).
 
     python benchmarks/wide_step_variants.py --device cuda --out DIR          # the GPU session's call
     python benchmarks/wide_step_variants.py --device cpu --small --out /tmp/w  # a smoke test of every path
@@ -46,8 +46,10 @@ import torch  # noqa: E402
 from benchmarks.gpu_probe import nvidia_smi  # noqa: E402
 from benchmarks.gpu_timing import (copy_bandwidth, gemm_rate, print_profile, profile_steps, sync,  # noqa: E402
                                    timed_call, timed_steps)
-from benchmarks.wide_step_kernels import (CHECK_LR, CHECK_STEPS, GRAPH_STEPS, Fused, KktlabStepper,  # noqa: E402
-                                          Run, State, capture, rel_diff, schedule, whole_step_fn)
+from benchmarks.wide_step_check import (CHECK_LR, CHECK_STEPS, CHECK_TOL, floor, pick_check_lr,  # noqa: E402
+                                        print_summary, rel_diff)
+from benchmarks.wide_step_kernels import GRAPH_STEPS, Fused, KktlabStepper, Run, State, capture, schedule  # noqa: E402
+from benchmarks.wide_step_kernels import whole_step_fn  # noqa: E402
 from tasks import data, nets, train  # noqa: E402
 from tasks.train import gd  # noqa: E402
 
@@ -62,7 +64,8 @@ class Shape:
         X, y = data.synthetic("sphere", B, d, g)
         self.net0 = nets.init_two_layer(d, k, g["init"], dtype=torch.float32, device=self.dev)
         self.X, self.y = X.to(self.dev, torch.float32)[None], y.to(self.dev, torch.float32)[None]
-        self.sched, self.check_sched = schedule(a.lr), schedule(CHECK_LR)
+        self.sched, self.check_lr = schedule(a.lr), CHECK_LR
+        self.check_sched = schedule(self.check_lr)  # replaced by the picked LR in kktlab()
         self.flop = 4.0 * B * d * k
         self.steps = a.steps_k1e4 if k <= 20000 else a.steps
         self.steps = max(GRAPH_STEPS, self.steps // (2 * GRAPH_STEPS) * (2 * GRAPH_STEPS))  # graphs, Gram blocks
@@ -86,7 +89,7 @@ class Shape:
                 row["actual_fraction_of_gemm4096"] = row["tflops_actual"] / gemm
         if params is not None and self.ref_params is not None:
             row.update(rel_diff(params, self.ref_params, self.start))
-            row["check_steps"], row["check_lr"] = CHECK_STEPS, CHECK_LR
+            row["check_steps"], row["check_lr"] = CHECK_STEPS, self.check_lr
         a_ms = self.res["variants"].get("a_kktlab", {}).get("ms_per_step")
         if a_ms:
             row["speedup_vs_a"] = a_ms / row["ms_per_step"]
@@ -95,13 +98,19 @@ class Shape:
         row.update(extra)
         self.res["variants"][name] = row
         fr = f", {100 * row['fraction_of_gemm4096']:.0f}% of GEMM" if "fraction_of_gemm4096" in row else ""
-        dd = f", check {row['max_param_rel_diff_vs_a']:.1e}" if "max_param_rel_diff_vs_a" in row else ""
+        dd = "" if "update_rel_diff_vs_a" not in row else (
+            f", check: update off (a)'s by {row['update_rel_diff_vs_a']:.1e} ({'ok' if row['check_ok'] else 'NOT ok'}"
+            f"{'; ' + row['check_invalid'] if 'check_invalid' in row else ''})")
         print(f"  k={self.k} {name:24s} {row['ms_per_step']:8.4f} ms/step, {row['tflops_nominal']:6.2f} TFLOP/s"
               f" nominal{fr}{dd}", flush=True)
 
     # ---- (a) kktlab
     def kktlab(self):
-        """(a): train.train as wide_step.py times it; the check's reference params (CHECK_STEPS steps)."""
+        """(a): train.train as wide_step.py times it; the check's LR and reference params (CHECK_STEPS steps)."""
+        self.check_lr, trials = pick_check_lr(self.net0, self.X, self.y)
+        self.check_sched = schedule(self.check_lr)
+        self.res["check"] = {"lr": self.check_lr, "steps": CHECK_STEPS, "tol": CHECK_TOL, "lr_trials": trials}
+        print(f"  k={self.k} check LR {self.check_lr:g} ({len(trials)} tried)", flush=True)
         ref = train.train(self.net0.clone(), self.X, self.y, self.check_sched, max_steps=CHECK_STEPS).net
         self.ref_params = (ref.W[0], ref.b[0], ref.v[0])
         net = self.net0.clone()
@@ -228,22 +237,6 @@ class Shape:
                                                         for kk, v in res.items()), flush=True)
         print(f"  k={k} best layout {self.res['best_gemm_layout']}", flush=True)
 
-    def floor(self):
-        """max(GEMM FLOP / measured GEMM rate, bytes / measured copy bandwidth) for one step."""
-        gemm, bw = self.run.payload.get("gemm4096_tflops"), self.run.payload.get("copy_gbps")
-        n, d, k = self.B, self.d, self.k
-        w_bytes = 4 * d * k * 3  # W read (forward), read + written (update)
-        act_bytes = 4 * n * k * 3  # H written, read by the fused elementwise pass, G written (then read by the GEMM)
-        fl = {"w_and_activation_bytes": w_bytes + act_bytes}
-        if gemm:
-            fl["compute_ms"] = self.flop / (gemm * 1e12) * 1e3
-        if bw:
-            fl["memory_ms"] = (w_bytes + act_bytes) / (bw * 1e9) * 1e3
-        if gemm and bw:
-            fl["floor_ms"] = max(fl["compute_ms"], fl["memory_ms"])
-            fl["floor_fraction_of_gemm4096"] = (self.flop / (fl["floor_ms"] / 1e3) / 1e12) / gemm
-        self.res["floor"] = fl
-
     def ref_torch(self):
         self.fused_run("ref_torch", "dk", "nk", False, compiled=False)
 
@@ -358,7 +351,7 @@ def main(argv=None):
         if s is None:
             continue
         shapes[k] = s
-        s.floor()
+        s.res["floor"] = floor(run.payload, a.B, a.d, k)
         run.guard(f"a_kktlab k={k}", 3, s.kktlab)
         run.guard(f"profile k={k}", 3, lambda s=s, k=k: s.profile(trace=k == max(a.k)))
         run.guard(f"gemm candidates k={k}", 3, s.gemm_candidates)
@@ -377,22 +370,17 @@ def main(argv=None):
             run.guard(f"f_gram16_graph k={k}", 5, lambda s=s: s.gram(16, True))
         run.guard(f"profile best k={k}", 5, s.profile_best)
     if a.compile and shapes:
-        widest = max(shapes)  # (e) kktlab's compiled blocks at the widest, (c) max-autotune there, then (e) the rest
+        widest = max(shapes)  # (e) kktlab's compiled blocks at the widest, then (e) the rest, (c) max-autotune last
         run.guard(f"e_kktlab_compiled k={widest}", 25, shapes[widest].kktlab_compiled)
-        if a.max_autotune:  # the widest only: autotuning compiles and times many GEMM kernels
-            run.guard(f"c_max_autotune k={widest}", 45 if cuda else 10, shapes[widest].max_autotune)
         for k, s in shapes.items():
             if k != widest:
                 run.guard(f"e_kktlab_compiled k={k}", 15, s.kktlab_compiled)
+        if a.max_autotune:  # the widest only: autotuning compiles and times many GEMM kernels (81 s on an H100)
+            run.guard(f"c_max_autotune k={widest}", 90 if cuda else 10, shapes[widest].max_autotune)
     if cuda:
         run.payload["smi_end"] = nvidia_smi()
     run.save()
-    print("\nwide step variants (ms/step | TFLOP/s nominal | % of dense fp32 GEMM | speedup vs a | max rel diff vs a):")
-    for k, s in shapes.items():
-        for name, r in s.res["variants"].items():
-            print(f"  k={k:<7d} {name:26s} {r['ms_per_step']:9.4f} | {r['tflops_nominal']:7.2f} | "
-                  f"{100 * r.get('fraction_of_gemm4096', float('nan')):5.0f}% | "
-                  f"{r.get('speedup_vs_a', float('nan')):6.2f}x | {r.get('max_param_rel_diff_vs_a', float('nan')):.1e}")
+    print_summary(shapes)
     print(f"wrote {run.json} in {time.perf_counter() - run.t0:.0f} s")
 
 

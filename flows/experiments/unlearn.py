@@ -29,6 +29,7 @@ from core.declare import NetsContract, NetsNeeds
 from core.errors import ConfigError
 from flows import bundle_progress
 from flows.experiments import Experiment, Param, Var, register, by_shape, timed
+from flows.experiments import nonrobust
 from flows.experiments import train as train_exp
 from tasks.cells import unlearn as cell_fn
 from tasks.data.mixture import SCALINGS
@@ -147,12 +148,20 @@ def bundle_key(cell: dict) -> tuple:
 @timed
 @by_shape
 def run_bundle(cells: list[dict], device: str = "auto", inputs=None) -> list[dict]:
-    """``inputs``: the upstream nets of ``cells``, in order (storage.nets.Nets), float64 on the CPU."""
+    """``inputs``: the upstream nets of ``cells``, in order (storage.nets.Nets), float64 on the CPU. The
+    measures run on the CPU; the retraining (retrain, ref_retrain) on ``device`` (auto: CUDA when visible,
+    as train_kkt trains)."""
+    import torch
+
     n = inputs
     keys = [repr(sorted(c.items())) for c in n.cells]
+    dev = nonrobust.resolve_device(device)
+    if dev.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False
     return cell_fn.unlearn(n.W, n.b, n.v, n.X, n.y, n.mask, n.d, n.m, n.width, n.rng_state, keys, cells,
                            train_bias=n.trained()[:, 1] if n.contracts else n.b.abs().amax(-1) > 0,
-                           progress=bundle_progress.for_kernel(bundle_progress.current()))  # retraining epochs
+                           progress=bundle_progress.for_kernel(bundle_progress.current()),  # retraining epochs
+                           device=dev)
 
 
 def contract(cell: dict, upstream: NetsContract | None) -> NetsContract:

@@ -172,13 +172,14 @@ def stored_nets(W_hat, v, X, y, d, m, width, rng, F, anchors_ok, biased: bool) -
 
 
 def unlearn(W, b, v, X, y, mask, d, m, width, rng, keys: list[str], cells: list[dict],
-            train_bias: torch.Tensor | None = None, progress=None) -> list[dict]:
+            train_bias: torch.Tensor | None = None, progress=None, device=None) -> list[dict]:
     """W (E,n,d), b, v (E,n), X (E,M,d), y (E,M), mask (E,M), d, m, width (E,) int, rng (E,bytes) uint8:
     the upstream nets of ``cells`` in order (repeats: one net, several α); ``keys`` name each cell's
     upstream cell; ``train_bias`` (E,) bool: whose bias was trained (their contract; then the bias
     takes part in the measures and the step, :func:`with_bias_column`). Returns one dict per cell,
     with the unlearned net (:func:`stored_nets`) where the cell has one forget set and ``store_nets``.
-    ``progress``: the optional ``progress(done, of, loss)`` of the retraining (retrain, ref_retrain)."""
+    ``progress``: the optional ``progress(done, of, loss)`` of the retraining (retrain, ref_retrain);
+    ``device``: where the retraining runs (None: the CPU, with everything else)."""
     c0 = cells[0]
     linear, tol, method = c0["model"] == "linear", c0["tie_tol"], c0["method"]
     for f in ("model", "loss", "init_scale", "retrain_lr", "retrain_wd", "retrain_epochs"):
@@ -217,7 +218,8 @@ def unlearn(W, b, v, X, y, mask, d, m, width, rng, keys: list[str], cells: list[
             W0[e, :n_e, : int(d[e])] = init_weights(n_e, int(d[e]), g, c0["init_scale"])
         rt = dict(W0=W0, lr=c0["retrain_lr"], wd=c0["retrain_wd"], epochs=c0["retrain_epochs"], loss=c0["loss"],
                   valid=mask)
-        W_rt = METHODS["retrain"](W, u, X, y, lam_raw, F, alphas[:1], **rt, progress=progress)  # (E,L,1,n,d)
+        W_rt = METHODS["retrain"](W, u, X, y, lam_raw, F, alphas[:1], **rt, progress=progress,
+                                  device=device)  # (E,L,1,n,d), back on the CPU
         kw.update(rt)
     ub = None if linear else u[:, None, None]
     Xb, yb = X[:, None, None], y[:, None, None]

@@ -159,7 +159,7 @@ def kkt_measure(W: torch.Tensor, u: torch.Tensor | None, X: torch.Tensor, y: tor
     u = None if u is None else u.to(dt)
     shape = torch.broadcast_shapes(W.shape[:-2], X.shape[:-2], y.shape[:-1])
     m = X.shape[-2]
-    valid = torch.ones((*shape, m), dtype=torch.bool) if valid is None else valid.expand(*shape, m)
+    valid = torch.ones((*shape, m), dtype=torch.bool, device=X.device) if valid is None else valid.expand(*shape, m)
     q_raw = y * outputs(W, u, X)
     q_raw = q_raw.expand(*shape, m)
     q_min = q_raw.masked_fill(~valid, math.inf).amin(-1)
