@@ -41,9 +41,10 @@ venv install: $(BIN)/kktlab
 run: install
 	$(BIN)/kktlab run $(CONFIG)
 
-# the whole suite on 2 processes (pytest-xdist; a file's tests run in one, so its module fixtures are
-# made once); the paper-size checks are `make test-paper` (tests/README.md)
-XDIST   ?= -n 2 --dist loadfile
+# the whole suite on 3 processes on 2 cores (pytest-xdist; a file's tests run in one, so its module
+# fixtures are made once): the served and kill drills wait on servers and heartbeats for minutes, a third
+# process computes meanwhile; the paper-size checks are `make test-paper` (tests/README.md)
+XDIST   ?= -n 3 --dist loadfile
 test: install
 	$(BIN)/python -m pytest -q -ra --durations=15 $(XDIST) -m "not paper" $(PYTEST_ARGS)
 
