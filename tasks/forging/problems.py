@@ -39,6 +39,7 @@ from torch.func import grad
 
 from tasks.forging.exact import log_ball_volume, log_sphere_area
 from tasks.forging.models import SquaredLossModel, batch_forging_mismatch, feature_grad, grad_w
+from tasks.forging.symmetry import LatentSymmetry, flip, swap
 
 Evaluate = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
@@ -57,6 +58,10 @@ class ForgingProblem:
     # latent blocks [start, stop) that `evaluate` uses only through their direction ξ/||ξ|| (the ball
     # maps below): subset_importance proposes them on the sphere (tasks/forging/estimators/importance.py)
     sphere_blocks: tuple[tuple[int, int], ...] = ()
+    # latent maps that may leave g and W unchanged (candidates: subset_importance keeps the ones that do
+    # on its pilot's samples and fits its proposal to their images too, issue 41 "every mode"; the
+    # antipodal flip of each sphere block is always a candidate, tasks/forging/estimators/modes.py)
+    symmetries: tuple[LatentSymmetry, ...] = ()
 
     def weight(self, g: torch.Tensor, scale: torch.Tensor, eps: float) -> torch.Tensor:
         if self.kind == "indicator":
@@ -107,7 +112,8 @@ def slab_problem(model: SquaredLossModel, x_star: torch.Tensor, R: float, label:
             return g, scale
 
         return ForgingProblem(d + 1, evaluate, "interval", log_Zq, 1, math.inf,
-                              f"{model.name} slab, label integrated (R={R})", ((1, d + 1),))
+                              f"{model.name} slab, label integrated (R={R})", ((1, d + 1),),
+                              (flip(d + 1, range(1, d + 1), "mirror z -> -z"),))
     if label != "sampled":
         raise ValueError(f"label must be 'integrated' or 'sampled', got {label!r}")
     if not math.isfinite(eps_max):
@@ -122,13 +128,16 @@ def slab_problem(model: SquaredLossModel, x_star: torch.Tensor, R: float, label:
         g = (grad_w(model, torch.cat([z, t[:, None]], 1)) - g_star).norm(dim=1)  # real gradient (P000-2)
         return g, z.norm(dim=1) / hn
 
+    # mirror (z, s) -> (-z, -s): s h(z) unchanged when h is odd (linreg: h(z) = z)
     return ForgingProblem(d + 2, evaluate_joint, "indicator", math.log(2 * S) + log_Zq, 2, eps_max,
-                          f"{model.name} slab, label sampled (R={R}, S={S:.4g})", ((1, d + 1),))
+                          f"{model.name} slab, label sampled (R={R}, S={S:.4g})", ((1, d + 1),),
+                          (flip(d + 2, range(1, d + 2), "mirror (z, s) -> (-z, -s)"),))
 
 
 def _point_problem(loss: Callable, w: torch.Tensor, x_star: torch.Tensor, law: Callable, latent_dim: int,
                    log_measure: float, description: str,
-                   sphere_blocks: tuple[tuple[int, int], ...] = ()) -> ForgingProblem:
+                   sphere_blocks: tuple[tuple[int, int], ...] = (),
+                   symmetries: tuple[LatentSymmetry, ...] = ()) -> ForgingProblem:
     g_star = grad(loss, argnums=0)(w, x_star)
     per_point = torch.vmap(grad(loss, argnums=0), in_dims=(None, 0))
 
@@ -136,7 +145,8 @@ def _point_problem(loss: Callable, w: torch.Tensor, x_star: torch.Tensor, law: C
         g = (per_point(w, law(xi)) - g_star).norm(dim=1)
         return g, torch.ones_like(g)
 
-    return ForgingProblem(latent_dim, evaluate, "indicator", log_measure, 1, math.inf, description, sphere_blocks)
+    return ForgingProblem(latent_dim, evaluate, "indicator", log_measure, 1, math.inf, description, sphere_blocks,
+                          symmetries)
 
 
 def ball_problem(loss: Callable, w: torch.Tensor, x_star: torch.Tensor, R: float,
@@ -165,9 +175,12 @@ def batch_problem(loss: Callable, w: torch.Tensor, x_star: torch.Tensor, m: int,
         g = batch_forging_mismatch(wrapped, x_star, X.reshape(N, m, D), B)
         return g, torch.ones_like(g)
 
-    return ForgingProblem(m * (D + 1), evaluate, "indicator", m * log_ball_volume(D, R), m, math.inf,
+    k = D + 1  # the m replacement points are exchangeable: swapping two is a candidate symmetry
+    return ForgingProblem(m * k, evaluate, "indicator", m * log_ball_volume(D, R), m, math.inf,
                           f"batch m={m}, B={B}, D2=B_{R}(center)^m",
-                          tuple((j * (D + 1) + 1, (j + 1) * (D + 1)) for j in range(m)))
+                          tuple((j * k + 1, (j + 1) * k) for j in range(m)),
+                          tuple(swap(m * k, (j * k, (j + 1) * k), ((j + 1) * k, (j + 2) * k),
+                                     f"swap points {j}, {j + 1}") for j in range(m - 1)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,9 +202,12 @@ def cylinder_problem(loss: Callable, w: torch.Tensor, x_star: torch.Tensor, R1: 
         t = R2 * (2.0 * ndtr(xi[:, -1:]) - 1.0)
         return torch.cat([z, t], 1)
 
-    return _point_problem(loss, w, x_star, law, d + 2, 0.0, f"uniform on B_{R1} x [-{R2}, {R2}]", ((1, d + 1),))
+    return _point_problem(loss, w, x_star, law, d + 2, 0.0, f"uniform on B_{R1} x [-{R2}, {R2}]", ((1, d + 1),),
+                          (flip(d + 2, range(1, d + 2), "mirror (z, t) -> (-z, -t)"),))
 
 
 def gaussian_problem(loss: Callable, w: torch.Tensor, x_star: torch.Tensor) -> ForgingProblem:
     """P(x ∈ S_eps) for x = (z, t) ~ N(0, I) (F000-5); log_measure = 0."""
-    return _point_problem(loss, w, x_star, lambda xi: xi, x_star.numel(), 0.0, "standard Gaussian")
+    D = x_star.numel()
+    return _point_problem(loss, w, x_star, lambda xi: xi, D, 0.0, "standard Gaussian", (),
+                          (flip(D, range(D), "mirror x -> -x"),))

@@ -33,6 +33,12 @@ def check_eps(problem: ForgingProblem, eps: float) -> None:
 
 
 
+# smallest pCN scale: the forging set of linreg at d = 10, p = 1e-60 is a cap of angular radius ~2e-7, and a
+# direction latent moved by σ turns by ~σ; the floor 1e-4 before froze the chains from p ~ 1e-40 down (issue 41:
+# every estimator stalled at d = 10, p <= 1e-45, the pilot at level 4.3e-5 for eps 4.0e-5)
+SIGMA_FLOOR = 1e-12
+
+
 def pcn(xi: torch.Tensor, sigma: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """Preconditioned Crank-Nicolson proposal (N(0, I)-reversible) for xi (R, n, k); sigma (R,) is one
     scale per run, (R, k) one per run and latent coordinate (0: the coordinate stays put)."""

@@ -23,6 +23,11 @@ stay bounded and the stated standard error is honest:
 
 Components: spherical k-means (k-means++ start) on the block directions, K doubled from 1 until every
 sample lies within 75° of its centre in every block (K <= 16).
+Every mode (issue 41, :mod:`tasks.forging.estimators.modes`): the proposal is fitted to the pilot's
+samples and their images under the problem's verified symmetries (the linreg slab's mirror z ↦ −z:
+one cap missed by the pilot once gave −50 % with ``reliable: True``), and a census of the modes the
+independent runs reached makes the result unreliable when it is inconclusive (a mode reached by one
+run only, fewer than 3 runs in the set) or finds a mode the fitted mixture does not cover.
 Diagnostics in ``extra``: effective sample size, Pareto k̂ of the weight tail (Zhang & Stephens 2009
 fit as in PSIS, Vehtari et al. 2024; k̂ above min(0.7, 1 − 1/log10 n), fewer than 10 positive weights or
 an effective sample size below 100 mean the stated SE is unreliable: ``extra["reliable"]``, see
@@ -38,6 +43,8 @@ import numpy as np
 import torch
 
 from tasks.forging.estimators.common import VolumeEstimate, check_eps
+from tasks.forging.estimators.modes import (directions, lacking_modes, member_groups, mode_census, orbit, tight_kmeans,
+                                            verified_symmetries, with_images)
 from tasks.forging.estimators.subset_simulation import subset_simulation_samples
 from tasks.forging.exact import log_sphere_area
 from tasks.forging.problems import ForgingProblem
@@ -94,14 +101,22 @@ class Proposal:
         log_t = const - logdet[:, None] - 0.5 * (NU + D) * torch.log1p(m / NU)
         return torch.where(valid, log_t + logjac, torch.full_like(log_t, -math.inf)) + torch.log(self.pi)[:, None]
 
-    def log_ratio(self, xi: torch.Tensor) -> torch.Tensor:
-        """log(nominal density / proposal density) at latents xi, both in the reduced coordinates."""
-        log_comp = self.log_components(xi)
+    def _log_nominal_and_fitted(self, xi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """log nominal density and log (1 − alpha)·(fitted mixture density), in the reduced coordinates."""
         xf = xi[:, self.free]
         log_nominal = -0.5 * (xf * xf).sum(1) - 0.5 * xf.shape[1] * math.log(2 * math.pi)
         log_nominal = log_nominal - sum(log_sphere_area(b - a - 1) for a, b in self.blocks)
-        mix = torch.logsumexp(log_comp, 0) + math.log1p(-self.alpha)
+        return log_nominal, torch.logsumexp(self.log_components(xi), 0) + math.log1p(-self.alpha)
+
+    def log_ratio(self, xi: torch.Tensor) -> torch.Tensor:
+        """log(nominal density / proposal density) at latents xi, both in the reduced coordinates."""
+        log_nominal, mix = self._log_nominal_and_fitted(xi)
         return log_nominal - torch.logaddexp(mix, log_nominal + math.log(self.alpha))
+
+    def log_fitted_over_defensive(self, xi: torch.Tensor) -> torch.Tensor:
+        """log((1 − alpha)·fitted mixture / (alpha·nominal)) at xi: below 0 where the defensive part draws most."""
+        log_nominal, mix = self._log_nominal_and_fitted(xi)
+        return mix - log_nominal - math.log(self.alpha)
 
     def sample(self, n: int, generator: torch.Generator) -> torch.Tensor:
         xi = torch.randn(n, self.k, dtype=DT, generator=generator)  # nominal draws and the block radii
@@ -129,34 +144,6 @@ def _tangent_basis(mu: torch.Tensor) -> torch.Tensor:
     return Q[:, 1:k]
 
 
-def _kmeans(F: torch.Tensor, K: int, generator: torch.Generator, iters: int = 50) -> torch.Tensor:
-    """k-means++ start and Lloyd iterations; returns labels."""
-    n = F.shape[0]
-    centres = [F[int(torch.randint(n, (1,), generator=generator))]]
-    for _ in range(1, K):
-        d2 = torch.cdist(F, torch.stack(centres)).min(1).values ** 2
-        if float(d2.sum()) <= 0:
-            break
-        centres.append(F[int(torch.multinomial(d2, 1, generator=generator))])
-    C = torch.stack(centres)
-    for _ in range(iters):
-        lab = torch.cdist(F, C).argmin(1)
-        new = torch.stack([F[lab == j].mean(0) if (lab == j).any() else C[j] for j in range(len(C))])
-        if torch.allclose(new, C):
-            break
-        C = new
-    return torch.cdist(F, C).argmin(1)
-
-
-def _directions(X: torch.Tensor, blocks) -> list[torch.Tensor]:
-    return [X[:, a:b] / X[:, a:b].norm(dim=1, keepdim=True) for a, b in blocks]
-
-
-def _groups(labels: torch.Tensor) -> list[torch.Tensor]:
-    """Member masks of the components with at least 2 samples."""
-    return [labels == j for j in range(int(labels.max()) + 1) if int((labels == j).sum()) >= 2]
-
-
 def _shrink_target(var: torch.Tensor, n_free: int, blocks) -> torch.Tensor:
     """Diagonal shrinkage target: each free latent keeps its variance, each block's chart coordinates
     get their mean variance (isotropic cap); zero variances get a tiny floor (units differ by block)."""
@@ -179,19 +166,11 @@ def fit_proposal(X: torch.Tensor, blocks: tuple[tuple[int, int], ...], generator
     n, k = X.shape
     if n < 2:
         raise ValueError(f"fit_proposal needs at least 2 samples, got {n}")
-    U = _directions(X, blocks)
+    U = directions(X, blocks)
     if labels is None:
         F = torch.cat(U, 1) if blocks else (X - X.mean(0)) / X.std(0).clamp_min(1e-300)
-        K = 1
-        while True:
-            labels = _kmeans(F, K, generator) if K > 1 else torch.zeros(n, dtype=torch.long)
-            groups = _groups(labels)
-            tight = all(bool(((Ub[g].mean(0) / Ub[g].mean(0).norm()) @ Ub[g].T > min_cos).all())
-                        for g in groups for Ub in U)
-            if tight or K >= max_components or K >= n // 4:
-                break
-            K *= 2
-    groups = _groups(labels)
+        labels = tight_kmeans(F, U, generator, min_cos, max_components)
+    groups = member_groups(labels)
     w_all = torch.ones(n, dtype=DT) if weights is None else weights.to(DT)
     parts = [_fit_component(X[g], [Ub[g] for Ub in U], w_all[g], blocks) for g in groups]
     pi = torch.tensor([float(w_all[g].sum()) for g in groups], dtype=DT)
@@ -290,11 +269,13 @@ def _draw(proposal: Proposal, problem: ForgingProblem, eps: float, n: int, gener
 
 def subset_importance(problem: ForgingProblem, eps: float, *, generator: torch.Generator, n_samples: int = 1000,
                       n_repeats: int = 10, p0: float = 0.1, n_importance: int = 200_000, alpha: float = 0.1,
-                      adapt_stages: int = 2, adapt_fraction: float = 0.2, chunk: int = 1 << 16, **_: object) -> VolumeEstimate:
+                      adapt_stages: int = 2, adapt_fraction: float = 0.2, chunk: int = 1 << 16, symmetric: bool = True,
+                      **_: object) -> VolumeEstimate:
     """Subset simulation (``n_repeats`` runs of ``n_samples`` per level), then ``n_importance`` draws from
     the proposal fitted to their samples with g <= eps (their last level if fewer than 20 hit eps).
     Volume = exp(log_measure)·mean(W·φ/q); stated stderr of the log = sd/(sqrt(n)·mean). Gradient
-    evaluations: both stages. A stalled, empty or unbounded subset simulation is returned as it is."""
+    evaluations: both stages and the symmetry checks. A stalled, empty or unbounded subset simulation is
+    returned as it is. ``symmetric=False`` skips the symmetry images (kept to show what they prevent)."""
     check_eps(problem, eps)
     if int(n_importance) != n_importance or n_importance < 100:
         raise ValueError(f"n_importance must be an integer >= 100, got {n_importance!r}")
@@ -309,20 +290,28 @@ def subset_importance(problem: ForgingProblem, eps: float, *, generator: torch.G
         return VolumeEstimate("subset_importance", ss.log_volume, ss.log_volume_stderr, ss.n_gradient_evals,
                               ss.n_hits, ss.log_probability, extra)
     hit = g <= eps
-    proposal = fit_proposal(X[hit] if int(hit.sum()) >= 20 else X, problem.sphere_blocks, generator, alpha=alpha)
+    use = hit if int(hit.sum()) >= 20 else torch.ones_like(hit)
+    X_fit, run = X[use], (torch.arange(X.shape[0]) // n_samples)[use]  # rows of X: alive runs, n_samples each
+    # every mode (issue 41, modes.py): the images of the samples under the problem's verified symmetries,
+    # and a census of the modes the independent runs (dispersed starts) reached
+    syms, rejected, sym_evals = verified_symmetries(problem, X_fit) if symmetric else ([], [], 0)
+    group = orbit(syms, problem.latent_dim)
+    census = mode_census(X_fit, run, problem.sphere_blocks, group)
+    proposal = fit_proposal(with_images(X_fit, group, generator)[0], problem.sphere_blocks, generator, alpha=alpha)
     n_adapt = int(adapt_fraction * n_importance) // max(adapt_stages, 1)
     adapt_evals = 0
     for _stage in range(adapt_stages if n_adapt >= 100 else 0):
         # population Monte Carlo: refit to the weighted draws (labels = most responsible component);
-        # these draws only shape the proposal, the estimate uses the last stage alone (unbiased)
+        # these draws only shape the proposal, the estimate uses the last stage alone (unbiased). A
+        # symmetry's image (T x, w) of a weighted draw (x, w) of π is a weighted draw of π too.
         xi, _, W, w = _draw(proposal, problem, eps, n_adapt, generator)
         adapt_evals += n_adapt * problem.evals_per_point
         keep = W > 0
         if int(keep.sum()) < 20:
             break
-        labels = proposal.log_components(xi[keep]).argmax(0)
-        proposal = fit_proposal(xi[keep], problem.sphere_blocks, generator, alpha=alpha,
-                                weights=w[keep] / w[keep].max(), labels=labels)
+        xk, wk = with_images(xi[keep], group, generator, w[keep] / w[keep].max())
+        proposal = fit_proposal(xk, problem.sphere_blocks, generator, alpha=alpha, weights=wk,
+                                labels=proposal.log_components(xk).argmax(0))
     n_final = int(n_importance) - adapt_evals // problem.evals_per_point
     parts, hits = [], 0
     for start in range(0, n_final, chunk):
@@ -331,10 +320,16 @@ def subset_importance(problem: ForgingProblem, eps: float, *, generator: torch.G
         hits += int((g_draw <= eps).sum())
     w = torch.cat(parts)
     n = w.numel()
-    evals = ss.n_gradient_evals + adapt_evals + n * problem.evals_per_point
+    evals = ss.n_gradient_evals + sym_evals + adapt_evals + n * problem.evals_per_point
+    lacking = lacking_modes(census, proposal.log_fitted_over_defensive)
     extra = {"n_components": int(proposal.pi.numel()), "ss_log_volume": ss.log_volume,
              "ss_log_volume_stderr": ss.log_volume_stderr, "ss_gradient_evals": ss.n_gradient_evals,
-             "n_levels": ss.extra.get("n_levels"), "n_importance": n}
+             "n_levels": ss.extra.get("n_levels"), "n_importance": n,
+             "symmetries": [sym.name for sym in syms], "symmetries_rejected": rejected, "symmetry_evals": sym_evals,
+             "census_modes": census["n_modes"], "census_runs_per_mode": census["runs_per_mode"],
+             "census_singletons": census["singletons"], "census_conclusive": census["conclusive"],
+             "census_lacking": lacking}
+    modes_ok = census["conclusive"] and not lacking
     mean = float(w.mean())
     if not math.isfinite(mean):
         return VolumeEstimate("subset_importance", math.inf, math.nan, evals, hits, math.inf, dict(extra, unbounded=True))
@@ -343,7 +338,7 @@ def subset_importance(problem: ForgingProblem, eps: float, *, generator: torch.G
     se = float(w.std()) / math.sqrt(n) / mean
     khat = pareto_khat(w.numpy())
     ess = float(w.sum() ** 2 / (w * w).sum())
-    extra.update(ess=ess, pareto_khat=khat, reliable=trusted_weights(ess, khat, n),
+    extra.update(ess=ess, pareto_khat=khat, reliable=trusted_weights(ess, khat, n) and modes_ok,
                  z_vs_subset_simulation=(math.log(mean) + problem.log_measure - ss.log_volume)
                  / math.hypot(se, ss.log_volume_stderr) if math.isfinite(ss.log_volume_stderr) else math.nan)
     return VolumeEstimate("subset_importance", problem.log_measure + math.log(mean), se, evals, hits, math.log(mean),

@@ -46,7 +46,7 @@ import math
 
 import torch
 
-from tasks.forging.estimators.common import VolumeEstimate, check_eps, estimate_from_runs
+from tasks.forging.estimators.common import SIGMA_FLOOR, VolumeEstimate, check_eps, estimate_from_runs
 from tasks.forging.problems import ForgingProblem
 
 __all__ = ["nested_sampling"]
@@ -128,7 +128,7 @@ def nested_sampling(problem: ForgingProblem, eps: float, *, generator: torch.Gen
             accepted.index_add_(0, runs, ok.to(dt))
         n_eval += n_mcmc * runs.numel()
         rate = accepted[a] / (n_mcmc * n_rm[a].to(dt))
-        sigma[a] = (sigma[a] * torch.exp(rate - target_accept)).clamp(1e-4, 1.0)
+        sigma[a] = (sigma[a] * torch.exp(rate - target_accept)).clamp(SIGMA_FLOOR, 1.0)
         xi[runs, slots], g[runs, slots], scale[runs, slots] = cur, cur_g, cur_s
         Lf = float(L[0])
         if active[0] and Lf <= problem.eps_max:  # the first run's curve mu(S_L), where the law covers S_L

@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from tasks.forging.estimators.common import VolumeEstimate, check_eps, estimate_from_runs, pcn
+from tasks.forging.estimators.common import SIGMA_FLOOR, VolumeEstimate, check_eps, estimate_from_runs, pcn
 from tasks.forging.problems import ForgingProblem
 
 
@@ -80,7 +80,7 @@ def _levels_pilot(problem: ForgingProblem, eps: float, N: int, n_seed: int, max_
             cur_xi, cur_g = torch.where(acc[:, None], prop, cur_xi), torch.where(acc, pg, cur_g)
             chain_xi.append(cur_xi), chain_g.append(cur_g)
             rates[j].append(float(acc.double().mean()))
-            sigma[j] = min(max(sigma[j] * math.exp(rates[j][-1] - target_accept), 1e-4), 1.0)
+            sigma[j] = min(max(sigma[j] * math.exp(rates[j][-1] - target_accept), SIGMA_FLOOR), 1.0)
         sigmas.append(list(sigma))  # the scales reached at the end of the level: used by the main runs
         moves.append(_moves(blocks, sigma, [sum(r) / len(r) if r else 0.0 for r in rates]))
         xi, g = torch.cat(chain_xi), torch.cat(chain_g)
