@@ -182,10 +182,11 @@ def unlearn(W, b, v, X, y, mask, d, m, width, rng, keys: list[str], cells: list[
     ``device``: where the retraining runs (None: the CPU, with everything else)."""
     c0 = cells[0]
     linear, tol, method = c0["model"] == "linear", c0["tie_tol"], c0["method"]
-    for f in ("model", "loss", "init_scale", "retrain_lr", "retrain_wd", "retrain_epochs"):
-        if len({c[f] for c in cells}) > 1:  # set per upstream cell (Experiment.inherits): one per bundle here
-            raise ValueError(f"{f}: the nets of one bundle were trained with different values "
-                             f"{sorted({c[f] for c in cells})}; give the unlearn stage one value per run")
+    for f in ("model", "loss", "init_scale", "retrain_lr", "retrain_wd", "retrain_epochs", "method", "tie_tol",
+              "ref_retrain", "test_points"):  # inherited per upstream cell, or in the bundle key: one per bundle
+        if len({c[f] for c in cells}) > 1:
+            raise ValueError(f"{f}: the cells of one bundle have different values {sorted({c[f] for c in cells})} "
+                             "(the nets' training, or the bundle's cut); give the unlearn stage one value per run")
     uniq = list(dict.fromkeys(keys))
     pick = torch.tensor([keys.index(k) for k in uniq])
     W, b, v, X, y, mask = (t[pick].double() if t.is_floating_point() else t[pick] for t in (W, b, v, X, y, mask))
