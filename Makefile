@@ -43,8 +43,10 @@ run: install
 
 # the whole suite on 3 processes on 2 cores (pytest-xdist; a file's tests run in one, so its module
 # fixtures are made once): the served and kill drills wait on servers and heartbeats for minutes, a third
-# process computes meanwhile; the paper-size checks are `make test-paper` (tests/README.md)
-XDIST   ?= -n 3 --dist loadfile
+# process computes meanwhile; files go out slowest first (tests/conftest.py orders them by the recorded
+# durations; --no-loadscope-reorder stops xdist from re-sorting them by test count, which had sent the
+# 1-test, 150 s crash drill last); the paper-size checks are `make test-paper` (tests/README.md)
+XDIST   ?= -n 3 --dist loadfile --no-loadscope-reorder
 test: install
 	$(BIN)/python -m pytest -q -ra --durations=15 $(XDIST) -m "not paper" $(PYTEST_ARGS)
 
@@ -62,6 +64,12 @@ test-durations: install
 
 bench: install
 	$(BIN)/python benchmarks/run_all.py
+
+# the docs site (mkdocs-material, mkdocs.yml) into site/; --strict: a broken link or anchor, or a reference
+# page docs/gen_reference.py cannot generate from the code, fails the build
+.PHONY: docs
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 # a line every 10 s until the server answers (about a minute the first time), then one that it does
 server: install

@@ -328,10 +328,11 @@ def sweep(config: dict, store: str, force: bool = False, retry_failed: bool = Fa
     config = dict(config)
     text = config.pop("_text", "")
     cfg = config_mod.parse(config, text)
+    from flows.liveness import guard
     from flows.progress import announce
 
-    try:
-        with dask_specs.on_dashboard(lambda url: announce(f"Dask dashboard: {url}")):  # once, when it starts
+    try:  # guard: marked Crashed while alive (its heartbeats lost in an outage), the run sets itself Running
+        with guard(), dask_specs.on_dashboard(lambda url: announce(f"Dask dashboard: {url}")):  # once, when it starts
             stats = execute_chain(cfg.stages, store, force, retry_failed)
     finally:
         from flows.progress import flush_logs

@@ -13,7 +13,10 @@ with backoff and says once every ``WAIT_LINE_S`` that it is waiting; a server lo
 ``KKTLAB_SERVER_LOST_S`` (600 s) ends the watching with one line naming the URL and ``kktlab status
 STORE``. The run is named ``<config> @ <store>`` and tagged (flows/run_ui.py).
 
-Exit codes of ``--watch``: 0 the run completed; 1 it failed, crashed or was cancelled (its error);
+A run the server marks Crashed while its process still holds the store's run lock is watched on (one
+line says so; kktlab/watch_crash.py): it was alive, its heartbeats lost, and it sets itself Running again.
+
+Exit codes of ``--watch``: 0 the run completed; 1 it failed, crashed (its process gone) or was cancelled (its error);
 2 a bad config, an unreachable server at submit time, or no worker polling the pool (``KKTLAB_NO_WORKER_S``);
 4 the server was lost (or lost the run) while watching: the run's outcome is unknown; 130 Ctrl-C."""
 
@@ -26,6 +29,7 @@ import time
 
 from core.errors import UserError
 from flows.progress import hms
+from kktlab.watch_crash import CrashCheck
 from storage import runlock
 
 # a run still scheduled after this long with no live worker in its pool: say so ($KKTLAB_NO_WORKER_S)
@@ -151,7 +155,9 @@ def watch(run_id, ui: str, no_worker_s: float = NO_WORKER_S, store: str | None =
     # this loop retries, with its own backoff and lines: no silent minute of retries inside one call
     with temporary_settings(updates={PREFECT_CLIENT_MAX_RETRIES: 0}), \
             Bars(console, plain_every_s=0.0, prefix="  ") as bars:
-        follow = _Follow(run_id, ui, no_worker_s, bars, console)
+        say = lambda line: console.print(line, markup=False, highlight=False, soft_wrap=True)  # noqa: E731
+        follow = _Follow(run_id, ui, no_worker_s, bars, console,
+                         CrashCheck(run_id, store, [stage.name for stage in stages], say))
         try:
             while True:
                 try:
@@ -186,8 +192,9 @@ def watch(run_id, ui: str, no_worker_s: float = NO_WORKER_S, store: str | None =
 class _Follow:
     """One poll of the run at a time (``step``): its state, new progress lines, the no-worker check."""
 
-    def __init__(self, run_id, ui, no_worker_s, bars, console):
+    def __init__(self, run_id, ui, no_worker_s, bars, console, crash):
         self.run_id, self.ui, self.no_worker_s, self.bars, self.console = run_id, ui, no_worker_s, bars, console
+        self.crash = crash  # is a Crashed state final (kktlab/watch_crash.py)
         self.t0, self.seen, self.last_state, self.grace, self.state = time.monotonic(), {}, None, 0, None
         self.client = None
 
@@ -215,6 +222,10 @@ class _Follow:
             event = parse_line(log.message)
             if event is not None:
                 self.bars.update(event)
+        if self.crash.goes_on(state, run.name):  # Crashed by the server, yet its process holds the run lock
+            self.last_state = state.name  # its return to Running is said
+            time.sleep(POLL_S)
+            return None
         # a run's last log lines may reach the server after its final state: wait for every stage's N/N
         ended = state is not None and state.is_final() and (
             not state.is_completed() or self.grace >= 5 or all(d >= n for d, n in self.bars.last_counts.values()))

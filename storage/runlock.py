@@ -7,7 +7,9 @@ holds kktlab's Zarr groups only, storage/foreign.py). The lock is ``fcntl.flock`
 drops it when its holder dies, so a ``kill -9``'d run never blocks the next one (its record in
 the file is overwritten). The file records who holds it (pid, host, start time, command and,
 inside Prefect, the flow run and its UI page); a second run is refused in one line that names
-them, or with ``wait`` waits for the holder to finish and then finds its cells done.
+them, or with ``wait`` waits for the holder to finish and then finds its cells done. A live holder
+whose flow run the server calls Crashed (its heartbeats lost in a server outage: flows/liveness.py)
+is said to be alive in that line; ``kktlab submit --watch`` watches such a run on (:func:`live_holder`).
 
 The groups of a chain are taken in one fixed order (sorted by name), so two waiting runs that
 share groups never hold one each and wait for the other. Readers (status, show, verify, report)
@@ -64,11 +66,45 @@ def describe(info: dict) -> str:
     return who + (f", flow run {run}" if run else "")
 
 
-def refusal(store: str | os.PathLike, group: str, info: dict) -> str:
-    """The one line a run that finds ``group`` locked stops with."""
+def refusal(store: str | os.PathLike, group: str, info: dict, state: str | None = None) -> str:
+    """The one line a run that finds ``group`` locked stops with; ``state``: what the Prefect server
+    calls the holder's flow run (:func:`server_state`): a live holder it calls Crashed is said to be alive."""
     who = describe(info) if info else "a run that has not recorded itself"
-    return (f"group '{group}' of store {store} is being computed by another run ({who}); "
+    alive = (f"; it is alive although the Prefect server shows it {state} (its heartbeats were lost, e.g. while the "
+             "server could not be reached; it sets itself Running again)") if state == "Crashed" else ""
+    return (f"group '{group}' of store {store} is being computed by another run ({who}){alive}; "
             "rerun with --wait to wait for it")
+
+
+def server_state(info: dict, timeout_s: float = 3.0) -> str | None:
+    """The name of the state (``Crashed``, ``Running``, ...) the Prefect server the record names gives
+    the holder's flow run now, asked once within about ``timeout_s``; None when not recorded or no answer."""
+    url, run_id = str(info.get("flow_run_url") or ""), info.get("flow_run_id")
+    if not run_id or "/runs/flow-run/" not in url:
+        return None
+    try:
+        from prefect.client.orchestration import get_client
+        from prefect.settings import (PREFECT_API_REQUEST_TIMEOUT, PREFECT_API_URL, PREFECT_CLIENT_MAX_RETRIES,
+                                      temporary_settings)
+
+        api = url.split("/runs/flow-run/")[0] + "/api"
+        with temporary_settings(updates={PREFECT_API_URL: api, PREFECT_API_REQUEST_TIMEOUT: timeout_s,
+                                         PREFECT_CLIENT_MAX_RETRIES: 0}), get_client(sync_client=True) as client:
+            state = client.read_flow_run(run_id).state
+    except Exception:  # noqa: BLE001 - a refusal names the holder anyway
+        return None
+    return state.name if state is not None else None
+
+
+def live_holder(store: str | os.PathLike, groups: Iterable[str], flow_run_id) -> dict | None:
+    """The record of the process of flow run ``flow_run_id`` that holds the lock of one of ``groups``
+    now and is alive (as :func:`_alive` can tell: a process on another host is taken to be); None
+    when none does (``kktlab submit --watch`` then takes a Crashed state as final)."""
+    for group in sorted(set(groups)):
+        info = held_by(store, group)
+        if info and str(info.get("flow_run_id")) == str(flow_run_id) and _alive(info):
+            return info
+    return None
 
 
 def _say(line: str) -> None:
@@ -120,7 +156,8 @@ def _acquire(fd: int, path: pathlib.Path, store, group: str, wait: bool, say: Ca
             if not _alive(info) and time.monotonic() - t0 < SETTLE_S:  # the holder is writing its record
                 time.sleep(0.05)
                 continue
-            raise StoreError(refusal(store, group, info if _alive(info) else {}))
+            alive = _alive(info)
+            raise StoreError(refusal(store, group, info if alive else {}, server_state(info) if alive else None))
         now = time.monotonic()
         if said is None or now - said >= say_every_s:
             waited = f" ({now - t0:.0f} s so far)" if said is not None else ""

@@ -1,4 +1,4 @@
-"""The rooms of ARCHITECTURE.md / README "Layout": who may import whom, no cycles, no file or
+"""The rooms of ARCHITECTURE.md / docs/layout.md: who may import whom, no cycles, no file or
 environment access in tasks/, short modules, and a cache key that sees nested modules."""
 
 from __future__ import annotations

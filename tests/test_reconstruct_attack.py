@@ -94,7 +94,7 @@ def test_P004_11_eps_star_falls_and_euler_ratio_at_the_end(trajectory):
 @pytest.mark.xfail(strict=True, raises=AssertionError,
                    reason="P004-12 not observed at CI size: after separation the normalised ε* falls "
                    "(0.47 -> 0.37) but the median B8 falls too (2e-6 -> 4e-8; min_j |z_j(x_i)| shrinks), "
-                   "README departures")
+                   "docs/departures.md")
 def test_P004_12_split_budget_grows_as_eps_falls(trajectory):
     rows = [r for r in trajectory[4] if not math.isnan(r[3])]
     assert len(rows) >= 5
@@ -214,7 +214,7 @@ def attacked(trajectory):
 @pytest.mark.slow
 @pytest.mark.xfail(strict=True, raises=AssertionError,
                    reason="P004-13 not met at CI size (3000 steps): max/min objective 16.7 over "
-                   "r <= 1, 22.2 with r = 10, README departures")
+                   "r <= 1, 22.2 with r = 10, docs/departures.md")
 def test_P004_13_every_radius_reaches_the_same_plateau(attacked):
     """Spec gate: max/min of the final objective over radii and restarts ≤ 1.01."""
     out, _, _ = attacked
@@ -241,7 +241,7 @@ def test_P004_14_n50_no_training_point_recovered_although_the_attack_finds_kkt_s
 @pytest.mark.slow
 @pytest.mark.xfail(strict=True, raises=AssertionError,
                    reason="P004-15 not observed at CI size: at r = 1 the score std is 0.0070 vs "
-                   "10x the objective's relative std 1.47 (README departures)")
+                   "10x the objective's relative std 1.47 (docs/departures.md)")
 def test_P004_15_scores_differ_across_restarts_although_objectives_agree(attacked):
     out, _, radius = attacked
     sel = [o for o, r in zip(out, radius) if r == 1.0]

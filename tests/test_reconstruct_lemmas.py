@@ -283,7 +283,7 @@ def test_P004_18_retraining_on_shifted_data_is_not_the_bias_transform():
     """X004-6: GD on x + u from the shifted init ≠ the bias-transformed net; the true shifted set is
     farther from KKT under the bias transform (u = 5·1, d = 10). At this CI size the retrained net
     is itself far from KKT (ε*/‖θ‖ ≈ 0.86 against 0.99), so only the direction is gated, not the
-    spec's ratio > 2 (measured ≈ 1.15; README departures)."""
+    spec's ratio > 2 (measured ≈ 1.15; docs/departures.md)."""
     d = 10
     u = torch.full((d,), 5.0, dtype=torch.float64)
     W, b, v, X, y, _ = trained(d, 20, 20, seed=1)

@@ -5,7 +5,7 @@ progress artifact's page, and both show the progress text; the run's results art
 store path and the ``kktlab report`` command. Skipped with a reason where there is no
 Chromium (CI images without it). The worker's log shows a quiet sweep: no local-cluster INFO lines,
 the dashboard address once, and no forced kill of Dask workers at teardown.
-docs/served-flow-run.png (README) is a screenshot taken the same way."""
+docs/served-flow-run.png (README, docs/served.md) is a screenshot taken the same way."""
 
 from __future__ import annotations
 
