@@ -15,6 +15,7 @@ import xarray as xr
 
 from analysis.acceptance import Row, skipped
 from storage.query import fixed_params
+from storage.stats import NETS, aggregate
 from tasks.forging.slopes import fit_log_slope
 
 LOG_TOL = 1e-9
@@ -36,7 +37,19 @@ def frame(ds: xr.Dataset) -> pd.DataFrame:
     for k, v in fixed_params(ds).items():
         if k not in df:
             df[k] = v
+    df.attrs["dims"] = list(ds.done.dims)  # which columns are grid axes (:func:`_curve`)
     return df
+
+
+def _curve(g: pd.DataFrame, value: str) -> pd.Series:
+    """``value`` per eps over the runs of one curve's cells ``g``: storage/stats.py's mean (each run,
+    ``seed``, first averaged over any other grid axis the curve's key leaves open; then over the runs;
+    finite values only, as every table and figure counts them); a Series indexed by eps."""
+    axes = [d for d in g.attrs.get("dims", ["eps", "seed"]) if d in g and (d in ("eps", NETS) or g[d].nunique() > 1)]
+    if not len(g):
+        return pd.Series([], dtype=float)
+    da = g.groupby(axes)[value].mean().to_xarray()  # one row per group: the grid, as a DataArray
+    return aggregate(da, [d for d in da.dims if d != "eps"]).estimate.to_series()
 
 
 def _where(df, keys, key) -> str:
@@ -85,14 +98,14 @@ def se_rows(df) -> list[Row]:
 
 
 def _slopes(df, value: str, lo: float, hi: float) -> list[tuple[float, float, str]]:
-    """(fitted slope, d, where) per curve: cells grouped by every column but eps and seed, mean over
-    seeds, points with eps/A in [lo, hi]."""
+    """(fitted slope, d, where) per curve: cells grouped by every column but eps and seed, the mean over
+    the runs (:func:`_curve`), points with eps/A in [lo, hi]."""
     keys = [c for c in ("model", "d", "R", "A", "width", "domain", "label", "estimator", "m", "B")
             if c in df and not (value == "log_volume_exact" and c == "estimator")]  # exact: one curve
     out = []
     for key, g in df.groupby(keys):
         g = g[(g["eps"] / g["A"] >= lo * (1 - 1e-9)) & (g["eps"] / g["A"] <= hi * (1 + 1e-9))]
-        curve = g.groupby("eps")[value].mean()
+        curve = _curve(g, value)
         curve = curve[np.isfinite(curve)]
         if len(curve) >= 2:
             slope = fit_log_slope(curve.index.to_numpy(float), curve.to_numpy(float))[0]
@@ -128,7 +141,7 @@ def p8_row(df) -> Row:
     worst, where = np.inf, ""
     keys = [c for c in ("model", "d", "R", "A", "width", "estimator", "m", "B") if c in sub]
     for key, g in sub.groupby(keys):
-        curve = g.groupby("eps")["log_volume"].mean()
+        curve = _curve(g, "log_volume")
         curve = curve[np.isfinite(curve)]
         if len(curve) < 2:
             continue

@@ -1,6 +1,7 @@
 """Spec 001 §6 acceptance rows judged on an ``unlearn`` store: P001-4 (Figure 1's shape), P001-7
 (linear rate, Thm 3.1 part 2, fitted C), P001-10 (D_MG test accuracy after unlearning). Means are
-over the nets (seed dim) of usable, feasible cells; criteria without data say so."""
+storage/stats.py's: over the nets (seed dim) of usable, feasible cells, each net's other cells
+averaged first, finite values only; criteria without data say so."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import xarray as xr
 from analysis.acceptance import Row, skipped
 from analysis.unlearn import _keep
 from storage.query import fixed_params
+from storage.stats import NETS, aggregate, caption
 
 P4 = "argmin of the mean ε(α) in [0.8, 1.2]; ε(1) < ε(0) and ε(1) < ε(1.5) for >= 80 % of nets"
 P7 = "1 − cos(ŵ(1), w*) decreases with d; C = (1 − cos)/(√ε_d + √ε_1 + √δ_1) <= 10"
@@ -42,24 +44,30 @@ def p001_4(ds: xr.Dataset) -> list[Row]:
     if every_l and "eps_app_e" in ds and bool(np.isfinite(ds["eps_app_e"]).any()):
         readings.append(("eps_app_e", "App. E: one random l per net"))  # issue 28 item 11: both readings
     for sel, (var, reading) in itertools.product(list(_ga_lines(ds)), readings):
-        e = ds[var].where(_keep(ds)).sel(sel) if sel else ds[var].where(_keep(ds))
-        if "seed" not in e.dims:
-            e = e.expand_dims("seed")
-        mean = e.mean("seed")
+        e, keep = (ds[var].sel(sel), _keep(ds).sel(sel)) if sel else (ds[var], _keep(ds))
+        mean = aggregate(e, [NETS], usable=keep, done=ds["done"]).estimate  # over the nets' usable, finite ε
         if not np.isfinite(mean).any():
             continue
         a_star = float(mean.idxmin("alpha"))
-        f0 = float((e.sel(alpha=1.0) < e.sel(alpha=0.0)).mean())
-        f15 = float((e.sel(alpha=1.0) < e.sel(alpha=1.5)).mean())
-        ok = 0.8 <= a_star <= 1.2 and f0 >= 0.8 and f15 >= 0.8
+        f0, f15 = (_share_of_nets(e, keep, 1.0, a) for a in (0.0, 1.5))
+        ok = 0.8 <= a_star <= 1.2 and float(f0.estimate) >= 0.8 and float(f15.estimate) >= 0.8
         label = ", ".join([f"{k}={v}" for k, v in sel.items()] + ([reading] if reading else []))
         epochs = _upstream_param(ds, "epochs")
+        n = f"n={int(f0.n)}" + (f"/{e.sizes[NETS]} nets" if NETS in e.dims and int(f0.n) < e.sizes[NETS] else "")
         rows.append(Row(f"Fig. 1 shape ({label})" if label else "Fig. 1 shape", "P001-4",
-                        f"α*={a_star:.2f}, ε(1)<ε(0) {f0:.0%}, ε(1)<ε(1.5) {f15:.0%}, n={e.sizes['seed']}", P4, ok,
+                        f"α*={a_star:.2f}, ε(1)<ε(0) {float(f0.estimate):.0%}, ε(1)<ε(1.5) {float(f15.estimate):.0%}, "
+                        f"{n}", P4, ok,
                         f"{var}: " + ("ε at App. E's one random forgotten l per net" if var == "eps_app_e" else
                                       "ε averaged over the forgotten l" if every_l else "ε of the forgotten set")
                         + (f"; nets trained {epochs} epochs" if epochs else ""), a_star))
     return rows or [skipped("P001-4", "Fig. 1 shape", P4, "no GA cells with k = 1")]
+
+
+def _share_of_nets(e: xr.DataArray, keep: xr.DataArray, a: float, b: float) -> xr.Dataset:
+    """storage/stats.py's share of the nets with ε(a) < ε(b), over the nets whose two cells are usable
+    and finite (a net without both is left out and counted, never counted as failing or passing)."""
+    both = keep.sel(alpha=a) & keep.sel(alpha=b) & np.isfinite(e.sel(alpha=a)) & np.isfinite(e.sel(alpha=b))
+    return aggregate((e.sel(alpha=a) < e.sel(alpha=b)).astype(float), [NETS], usable=both)
 
 
 def p001_7(ds: xr.Dataset) -> list[Row]:
@@ -69,7 +77,7 @@ def p001_7(ds: xr.Dataset) -> list[Row]:
     keep = _keep(ds).sel(alpha=1.0)
     tau = ds["tau_svm"].sel(alpha=1.0).where(keep)
     rate = (np.sqrt(ds["eps_d"]) + np.sqrt(ds["eps1"]) + np.sqrt(ds["delta1"])).sel(alpha=1.0).where(keep)
-    by_d = tau.mean([d for d in tau.dims if d != "d"])
+    by_d = aggregate(ds["tau_svm"].sel(alpha=1.0), [d for d in tau.dims if d != "d"], usable=keep).estimate
     decreasing = bool((np.diff(by_d.values) <= 0).all())
     C = float((tau / rate).median())
     return [Row("1 − cos to retained SVM vs d (linear)", "P001-7",
@@ -125,12 +133,12 @@ def p001_10(ds: xr.Dataset) -> list[Row]:
     n = int(keep.sum())
     if n == 0:
         return [skipped("P001-10", crit, P10, "not judged: no usable cell with a = 0.1 and d >= 2000")]
-    before = ds["test_acc_before"].sel(alpha=1.0).where(keep)
-    after = ds["test_acc_after"].sel(alpha=1.0).where(keep)
-    b, a = float(before.mean()), float(after.mean())
-    sign = float(ds["sign_id_after"].sel(alpha=1.0).where(keep).mean())
+    # means over the nets, each net's judged cells (several d, ...) averaged first: storage/stats.py
+    before, after, signs = (aggregate(ds[v].sel(alpha=1.0), list(keep.dims), usable=keep)
+                            for v in ("test_acc_before", "test_acc_after", "sign_id_after"))
+    b, a, sign = float(before.estimate), float(after.estimate), float(signs.estimate)
     return [Row("D_MG test accuracy after GA", "P001-10", f"before {b:.4f}, after {a:.4f}, Lemma D.7 signs {sign:.3f}",
-                P10, a >= b - 0.02, f"{n} cells with a = 0.1, d >= 2000", a - b)]
+                P10, a >= b - 0.02, f"{n} cells with a = 0.1, d >= 2000; {caption(after, 'per mean')}", a - b)]
 
 
 def acceptance(ds: xr.Dataset) -> list[Row]:

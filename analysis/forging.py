@@ -1,13 +1,19 @@
 """Paper 000 figures from a ``forging`` store (F000-3/4/5/6 package validation figures); the
 paper's Fig 1 (F000-1) is the ``forging_sgd`` experiment, drawn by analysis/forging_sgd.py.
 
-F000-3: log mu vs log eps, one line per d, points ± 1.96 SE for estimators, solid exact curve where
-stored, dashed bounds ((16), (17)-paper, (17)-corrected), slope fitted at report time over the
-smallest third of eps (at least 2 points) printed in the legend beside the predicted exponent.
-Everything is drawn from the dataset; no numbers are hard-coded. An estimate its estimator flagged
-unreliable is stored as NaN (status 3, ``reliable`` = 0, raw value in ``log_volume_unreliable``,
-which is never read here); estimates are drawn from usable cells only (status 0, the declared
-``ok_values``; not failed), so the seed means skip the others; the panel's note counts them.
+F000-3: log mu vs log eps, one line per d, solid exact curve where stored, dashed bounds ((16),
+(17)-paper, (17)-corrected), slope fitted at report time over the smallest third of eps (at least 2
+points) printed in the legend beside the predicted exponent. Everything is drawn from the dataset;
+no numbers are hard-coded. One panel per value of every grid axis but eps, the line axis and seed
+(nothing is silently sliced or pooled).
+
+An estimator's point is storage/stats.py's: the mean over its runs (``seed``: the estimator's random
+numbers, the replicates) with the Student's t 95 % interval over them where a point has >= 2 runs;
+a point of one run (no seed axis) shows ± 1.96 × the estimator's own standard error
+(``log_volume_stderr``, its normal approximation over its own samples), and the caption says which.
+An estimate its estimator flagged unreliable is stored as NaN (status 3, ``reliable`` = 0, raw value
+in ``log_volume_unreliable``, which is never read here); estimates are drawn from usable cells only
+(status 0, the declared ``ok_values``; not failed, not damaged): the caption counts the others.
 """
 
 from __future__ import annotations
@@ -24,18 +30,17 @@ import xarray as xr  # noqa: E402
 
 from analysis.common import finish  # noqa: E402
 from storage.query import fixed_params, usable  # noqa: E402
+from storage.stats import NETS, aggregate, caption  # noqa: E402
 from tasks.cells.forging import PROBABILITY_DOMAINS  # noqa: E402
 from tasks.forging.slopes import fit_log_slope  # noqa: E402
 
-_PANEL_DIMS = ("model", "estimator", "A", "domain", "label", "width", "m")
+_PANEL_DIMS = ("model", "estimator", "A", "domain", "label", "width", "m")  # panel order; then any other axis
+Z95 = 1.959963984540054  # the normal 97.5 % quantile: the estimator's own interval of a single run
 
 
-def _reduce(da: xr.DataArray, keep: tuple[str, ...]) -> xr.DataArray:
-    """Mean over 'seed', first index of any other dim not in ``keep``."""
-    if "seed" in da.dims and "seed" not in keep:
-        da = da.mean("seed", skipna=True)
-    extra = {dim: 0 for dim in da.dims if dim not in keep}
-    return da.isel(extra) if extra else da
+def _over_runs(da: xr.DataArray, mask: xr.DataArray, done: xr.DataArray) -> xr.Dataset:
+    """:func:`storage.stats.aggregate` of ``da`` over the runs (seeds) of the cells in ``mask``."""
+    return aggregate(da, [NETS], usable=mask, done=done)
 
 
 def _small_eps_slope(eps: np.ndarray, logv: np.ndarray) -> float:
@@ -68,52 +73,49 @@ def _domain(ds: xr.Dataset, sel: dict) -> str:
     return str(fixed_params(ds).get("domain", "slab"))
 
 
-def _estimates_of_usable_cells(ds: xr.Dataset, var: str) -> xr.Dataset:
-    """The store's values of done, not-failed cells, with the estimate ``var`` and its stderr kept
-    only where the cell is usable (status in the declared ``ok_values``: 0, an estimate its
-    estimator trusts; storage.query.usable), so stalled, unbounded and unreliable estimates never
-    enter a point whatever their stored value; exact values and bounds stay for every done cell."""
-    sub = ds.where(ds.done & ~ds.failed) if "failed" in ds else ds.where(ds.done)
-    ok = usable(ds)
-    for v in (var, "log_volume_stderr"):
-        sub[v] = sub[v].where(ok)
-    return sub
-
-
 def _volume_panel(ds: xr.Dataset, sel: dict, out: pathlib.Path, note: str) -> pathlib.Path:
     """log mu (F000-3/4/6) or, for the cylinder / Gaussian laws, log P(forge) (F000-5) vs log eps."""
     probability = _domain(ds, sel) in PROBABILITY_DOMAINS
     var, bounds = ("log_probability", PROBABILITY_BOUNDS) if probability else ("log_volume", VOLUME_BOUNDS)
-    sub = _estimates_of_usable_cells(ds, var)
-    sub = sub.sel(sel) if sel else sub
+    sub = ds.sel(sel) if sel else ds
     line = _line_dim(ds)
-    keep = ("eps", line) if line else ("eps",)
     eps = np.asarray(ds["eps"].values, dtype=float)
     fig, ax = plt.subplots(figsize=(7.0, 5.0))
     values = ds[line].values if line else [None]
     colors = plt.cm.viridis(np.linspace(0, 0.9, len(values)))
     drawn: set[str] = set()
-    inset_points = []
+    inset_points, aggs, own_se = [], [], 0
     for color, value in zip(colors, values):
-        one = sub.sel({line: value}) if line else sub
-        lv = _reduce(one[var], keep).values
-        se = _reduce(one["log_volume_stderr"], keep).values
+        one = (sub.sel({line: value}) if line else sub).transpose("eps", ...)
+        ok = usable(one).load()  # estimates: usable cells only; exact values and bounds: every valued cell
+        valued = one.done.astype(bool)
+        for gone in ("failed", "damaged"):
+            valued = valued & ~one[gone].astype(bool) if gone in one else valued
+        mean = lambda v, mask=valued: _over_runs(one[v], mask, one.done).estimate.values  # noqa: E731
+        est = _over_runs(one[var], ok, one.done)
+        aggs.append(est)
+        lv, n = est.estimate.values, est.n.values
+        se = _over_runs(one["log_volume_stderr"], ok, one.done).estimate.values
         slope = _small_eps_slope(eps, lv)
-        inset_points.append((slope, *(float(np.nanmean(_reduce(one[v], keep).values))
-                                      for v in ("tube_exponent", "thm2_exponent"))))
-        pred = np.nanmean(_reduce(one["predicted_exponent"], keep).values)
+        inset_points.append((slope, *(float(np.nanmean(mean(v))) for v in ("tube_exponent", "thm2_exponent"))))
+        pred = np.nanmean(mean("predicted_exponent"))
         tag = (f"{line}={value}: " if line else "") + f"slope {slope:.2f} (pred. {pred:.2g})"
-        exact = _reduce(one["log_volume_exact"], keep).values if not probability else np.full(len(eps), np.nan)
+        exact = mean("log_volume_exact") if not probability else np.full(len(eps), np.nan)
         if np.isfinite(exact).any():
             ax.plot(np.log10(eps), exact / np.log(10), "-", color=color, lw=1.2)
         if np.nanmax(np.nan_to_num(se, nan=0.0)) > 0 or not np.isfinite(exact).any():
-            ok = np.isfinite(lv)
-            ax.errorbar(np.log10(eps[ok]), lv[ok] / np.log(10), yerr=1.96 * np.nan_to_num(se[ok]) / np.log(10),
-                        fmt="o", ms=3, capsize=2, color=color, label=tag)
+            single = n == 1  # one run: the estimator's own normal-approximation interval
+            own_se += int((single & np.isfinite(lv) & (np.nan_to_num(se) > 0)).sum())
+            half = np.where(single, Z95 * np.nan_to_num(se), 0.0)
+            lo, hi = np.where(single, lv - half, est.lo.values), np.where(single, lv + half, est.hi.values)
+            keep = np.isfinite(lv)
+            yerr = np.nan_to_num(np.stack([lv - lo, hi - lv])[:, keep]) / np.log(10)
+            ax.errorbar(np.log10(eps[keep]), lv[keep] / np.log(10), yerr=yerr, fmt="o", ms=3, capsize=2, color=color,
+                        label=tag)
         else:
             ax.plot([], [], "-", color=color, label=tag + " [exact]")
         for bvar, style, _ in bounds:
-            b = _reduce(one[bvar], keep).values if bvar in one else np.full(len(eps), np.nan)
+            b = mean(bvar) if bvar in one else np.full(len(eps), np.nan)
             if np.isfinite(b).any():
                 ax.plot(np.log10(eps), b / np.log(10), style, color=color, lw=0.8, alpha=0.8)
                 drawn.add(style)
@@ -132,7 +134,18 @@ def _volume_panel(ds: xr.Dataset, sel: dict, out: pathlib.Path, note: str) -> pa
         ax.set_ylabel(r"$\log_{10}\mu(S_\varepsilon)$")
         title = ("Batch forging volume, B fixed (package validation, F000-6)" if line == "m"
                  else "Forging-set volume (package validation, F000-3/4)")
-    return finish(fig, ax, out, title + ("\n" + note if note else ""))
+    return finish(fig, ax, out, title + ("\n" + note if note else "") + "\n" + points_caption(aggs, own_se))
+
+
+def points_caption(aggs: list[xr.Dataset], own_se: int) -> str:
+    """What an estimator's point and bar are: the stats layer's caption over the runs, and how many
+    points of a single run show the estimator's own ± 1.96 SE instead."""
+    many = any(int(a.n.max()) >= 2 for a in aggs if a.n.size)
+    text = caption(aggs, "per point").replace("over nets (seeds;", "over runs (seeds;") if many else \
+        caption(aggs, "per point").replace("1 net per point: no interval", "1 run per point")
+    if own_se:
+        text += f"; {own_se} points of 1 run: ± 1.96 × the estimator's own SE (its normal approximation)"
+    return text
 
 
 def slope_inset(ax, points: list[tuple[float, float, float]]):
@@ -153,14 +166,17 @@ def slope_inset(ax, points: list[tuple[float, float, float]]):
 
 
 def figures(ds: xr.Dataset, out_dir: pathlib.Path, prefix: str = "") -> list[pathlib.Path]:
-    """One F000-3/4 (F000-5 for the cylinder / Gaussian laws, F000-6 for m lines) panel per combination of the model/estimator/A/domain/label/width/m
-    dims present, less the dim drawn as lines (d, or m when d is fixed)."""
+    """One F000-3/4 (F000-5 for the cylinder / Gaussian laws, F000-6 for m lines) panel per combination of the
+    grid axes but eps, seed and the one drawn as lines (d, or m when d is fixed): model, estimator, A, domain,
+    label, width, m first, then any other (R, model_seed, ...)."""
     out_dir = pathlib.Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if "eps" not in ds.dims or "log_volume" not in ds:
         return []
     n, tot = int(ds.done.sum()), int(ds.done.size)
-    panel_dims = [dim for dim in _PANEL_DIMS if dim in ds.dims and dim != _line_dim(ds)]
+    # every axis but eps, the line axis and the runs (seed) is a panel: never sliced or pooled silently
+    rest = [dim for dim in ds.done.dims if dim not in ("eps", _line_dim(ds), NETS)]
+    panel_dims = [dim for dim in _PANEL_DIMS if dim in rest] + [dim for dim in rest if dim not in _PANEL_DIMS]
     paths = []
     for combo in itertools.product(*(ds[p].values for p in panel_dims)):
         sel = dict(zip(panel_dims, combo))

@@ -1,6 +1,7 @@
 """Paper 002 figures from a ``nonrobust`` store: Fig. 1 (c* vs d, with sqrt(d)) and Fig. 2
 (|I|/m and m - |I| vs d). One line per value of every other grid axis; mean ± sample std
-(ddof=1, spec A9) over seeds.
+(ddof=1, spec A9) over the nets (seeds), both from storage/stats.py's one statistics layer, whose
+counts (nets used, ±inf left out, cells not usable) the caption gives.
 
 Only usable cells enter a point: done and trained to the target (status 1 converged); dead,
 max-iteration, diverged and pending nets are left out and counted. An infinite c* of a converged
@@ -23,6 +24,7 @@ import xarray as xr  # noqa: E402
 
 from analysis.common import REFERENCE, finish  # noqa: E402
 from storage.query import usable  # noqa: E402
+from storage.stats import NETS, aggregate, caption  # noqa: E402
 from tasks.train import CONVERGED, STATUS_NAMES  # noqa: E402
 
 LEGACY_OK = (CONVERGED,)  # stores made before the status variable carried its ok_values
@@ -54,26 +56,26 @@ class Line:
         return f"n={lo}/{self.total}" if lo == hi else f"n={lo}-{hi}/{self.total}"
 
 
+def spread(ds: xr.Dataset, var: str, stat: str = "mean") -> xr.Dataset:
+    """:func:`storage.stats.aggregate` of ``var`` over the nets (seeds) on the usable cells (an ok
+    status), every other grid axis kept: ``stat`` "mean" (the plotted point) or "std" (its bar)."""
+    over = [NETS] if NETS in ds[var].dims else []
+    return aggregate(ds[var].load(), over, usable=usable(ds, ok_statuses(ds)).load(), done=ds.done, stat=stat)
+
+
 def lines(ds: xr.Dataset, var: str, x: str = "d") -> list[Line]:
-    """The lines of a figure of ``var`` against ``x``, one per combination of the other grid dims."""
-    da = ds[var].where(usable(ds, ok_statuses(ds))).astype(float).load()
-    inf = np.isinf(da)
-    finite = da.where(~inf)
-    others = [dim for dim in ds.done.dims if dim not in (x, "seed")]
-    total = ds.sizes.get("seed", 1)
+    """The lines of a figure of ``var`` against ``x``, one per combination of the other grid dims:
+    per x value the mean and the sample std of the nets (:func:`spread`), n, n_inf."""
+    mean, std = spread(ds, var), spread(ds, var, "std")
+    others = [dim for dim in ds.done.dims if dim not in (x, NETS)]
+    total = ds.sizes.get(NETS, 1)
     out = []
     for combo in itertools.product(*(ds[o].values for o in others)):
         sel = dict(zip(others, combo))
-        one, one_inf = finite.sel(sel), inf.sel(sel)
-        if "seed" in one.dims:
-            n, n_inf = one.count("seed").values, one_inf.sum("seed").values
-            mean = one.mean("seed", skipna=True).values
-            std = one.std("seed", ddof=1, skipna=True).values if total > 1 else np.full(mean.shape, np.nan)
-        else:
-            n, n_inf, mean, std = one.notnull().values.astype(int), one_inf.values.astype(int), one.values, \
-                np.full(one.shape, np.nan)
+        m, s = (a.sel(sel).transpose(x) if sel else a.transpose(x) for a in (mean, std))
         label = ", ".join(f"{o}={v}" for o, v in sel.items()) or var
-        out.append(Line(label, sel, np.asarray(ds[x].values), mean, std, np.asarray(n), np.asarray(n_inf), total))
+        out.append(Line(label, sel, np.asarray(ds[x].values), m.estimate.values, s.estimate.values,
+                        m.n.values.astype(int), m.n_inf.values.astype(int), total))
     return out
 
 
@@ -142,9 +144,18 @@ def figures(ds: xr.Dataset, out_dir: pathlib.Path, prefix: str = "") -> list[pat
     paths = []
     for var, ylabel, title, stem, sqrt_line in FIGURES:
         fig, ax, _ = draw(ds, var, ylabel, sqrt_line)
-        sub = f"\nmean ± std (ddof=1) over seeds; {note(ds, var, sep=chr(10))}"
+        sub = f"\n{bars(ds, var)}\n{note(ds, var, sep=chr(10))}"
         paths.append(finish(fig, ax, out_dir / f"{prefix}{stem}.png", title + sub, fontsize=8))
     return paths
+
+
+def bars(ds: xr.Dataset, var: str) -> str:
+    """What a figure's points and bars are: 'mean ± std over nets (seeds; n = 3/4 per point); left out:
+    1 ±inf, 3 not usable; the sample std (ddof = 1, spec A9), not an interval'."""
+    agg = spread(ds, var, "std")
+    if not agg.attrs["over_nets"]:
+        return caption(agg)
+    return f"mean ± {caption(agg)}; the sample std (ddof = 1, spec A9), not an interval"
 
 
 def notes(ds: xr.Dataset) -> list[str]:

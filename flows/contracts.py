@@ -10,6 +10,8 @@ contracts are resolved along the chain, first stage first.
 
 from __future__ import annotations
 
+import json
+
 from core.declare import NetsContract
 from core.errors import ConfigError
 from flows import experiments
@@ -86,12 +88,40 @@ def cells_at(store: str, group: str, indices: list[tuple[int, ...]]) -> list[dic
     return [exp.with_inherited(c, u) for c, u in zip(cells, ups)]
 
 
+def check_nets_arrays(store: str, group: str, exp) -> None:
+    """Refuse, in one line naming the attribute and the group, nets whose group attribute
+    ``kktlab_nets_arrays`` (what a reader loads beside them: storage/nets.py) is damaged or says
+    otherwise than ``exp``'s declaration (``Experiment.nets_arrays``), their producer's: a reader
+    never acts on an attribute nothing has checked (issue 40: one without ``forgotten`` made a
+    reader treat the forgotten point as retained). A group made before the attribute is read as
+    it always was."""
+    import pathlib
+
+    import zarr
+
+    from core.errors import StoreError
+    from storage import schema
+    from storage.nets import nets_arrays
+
+    g = zarr.open_group(str(pathlib.Path(store) / group), mode="r", zarr_format=3)
+    if schema.NETS_ARRAYS not in g.attrs and schema.NETS_ARRAYS_CRC not in g.attrs:
+        return
+    stored, declared = nets_arrays(g, f"group '{group}' of {store}"), {k: tuple(v) for k, v in exp.nets_arrays.items()}
+    if stored != declared:
+        show = lambda m: json.dumps({k: list(v) for k, v in m.items()}, sort_keys=True)  # noqa: E731
+        raise StoreError(f"group '{group}' of {store}: attribute {schema.NETS_ARRAYS} {show(stored)} is not what "
+                         f"its producer '{exp.name}' declares ({show(declared)}); `kktlab verify {store}` names it, "
+                         "`kktlab run` on its config restores it")
+
+
 def contracts_at(store: str, group: str, indices: list[tuple[int, ...]]) -> list[NetsContract]:
     """The contract of each stored cell of ``group`` at grid ``indices``, resolved along the chain
-    from the cells as they were run (storage.nets.cells_as_run)."""
+    from the cells as they were run (storage.nets.cells_as_run), each group's ``kktlab_nets_arrays``
+    checked against its producer's declaration first (:func:`check_nets_arrays`)."""
     from storage.nets import producer, source
 
     exp = experiments.get(producer(store, group))
+    check_nets_arrays(store, group, exp)
     if exp.nets is None:
         return []
     cells = cells_at(store, group, indices)

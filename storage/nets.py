@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
+import re
 from typing import Callable
 
 import numpy as np
@@ -22,6 +23,7 @@ import zarr
 
 from core.errors import StoreError, UserError
 from storage import schema
+from storage.verify import cells_damage
 
 ARRAYS = ("W", "b", "v", "X", "y")
 # The arrays beyond W, b, v, X, y a producer stores or rebuilds for readers, name -> own dims, are
@@ -31,13 +33,75 @@ ARRAYS = ("W", "b", "v", "X", "y")
 LEGACY_NETS_ARRAYS = {"W0": ("hidden", "feature"), "b0": ("hidden",), "X_test": ("test_sample", "feature"),
                       "y_test": ("test_sample",), "n_test_used": (), "R_train": (), "V_train": (),
                       "forgotten": ("sample",)}
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")  # an array or dim name: never a path (``../nets/W``)
 
 
-def nets_arrays(g: zarr.Group) -> dict[str, tuple[str, ...]]:
-    """What the producer of group ``g`` keeps for readers beside the nets: name -> own dims."""
-    if "kktlab_nets_arrays" not in g.attrs:
-        return LEGACY_NETS_ARRAYS
-    return {k: tuple(v) for k, v in json.loads(g.attrs["kktlab_nets_arrays"]).items()}
+def read_nets_arrays(g: zarr.Group) -> dict[str, tuple[str, ...]] | None:
+    """The ``kktlab_nets_arrays`` attribute of group ``g``, checked before anyone acts on it: valid
+    JSON, an object of plain array names -> lists of dim names, each array the group holds having
+    those own dims, and the crc32c written with it matching (an edit since is damage). None for a
+    group made before the attribute; ValueError saying what is wrong otherwise."""
+    attrs = g.attrs
+    if schema.NETS_ARRAYS not in attrs:
+        if schema.NETS_ARRAYS_CRC in attrs:
+            raise ValueError(f"is missing (its checksum {schema.NETS_ARRAYS_CRC} is there)")
+        return None
+    text = attrs[schema.NETS_ARRAYS]
+    if not isinstance(text, str):
+        raise ValueError(f"is a {type(text).__name__}, not a JSON text")
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"is not valid JSON ({err.msg} at character {err.pos})") from None
+    if not isinstance(doc, dict):
+        raise ValueError("is not a JSON object of array name -> its own dims")
+    try:
+        grid = len(g[schema.DONE].metadata.dimension_names)
+    except Exception:  # noqa: BLE001 - done lost: storage/verify.py says so (no dims to compare)
+        grid = None
+    for name, dims in doc.items():
+        if not _NAME.match(name):
+            raise ValueError(f"names {name!r}, not an array of the group")
+        if not isinstance(dims, list) or not all(isinstance(d, str) and _NAME.match(d) for d in dims):
+            raise ValueError(f"gives {name!r} the dims {dims!r}, not a list of dim names")
+        try:
+            own = tuple(g[name].metadata.dimension_names[grid:]) if grid is not None and name in g else tuple(dims)
+        except Exception:  # noqa: BLE001 - the array's metadata is damaged: storage/verify.py names that
+            own = tuple(dims)
+        if own != tuple(dims):
+            raise ValueError(f"gives {name!r} the dims {dims}, the array has {list(own)}")
+    crc = attrs.get(schema.NETS_ARRAYS_CRC)
+    if crc is not None and (not isinstance(crc, int) or crc != schema.crc32c(text)):
+        raise ValueError(f"does not match its checksum {schema.NETS_ARRAYS_CRC} (edited since it was written)")
+    return {k: tuple(v) for k, v in doc.items()}
+
+
+def nets_arrays(g: zarr.Group, where: str = "") -> dict[str, tuple[str, ...]]:
+    """What the producer of group ``g`` keeps for readers beside the nets: name -> own dims
+    (:func:`read_nets_arrays`; :data:`LEGACY_NETS_ARRAYS` for a group made before the attribute).
+    A damaged attribute raises :class:`StoreError`, one line naming it and the group (``where``)."""
+    try:
+        got = read_nets_arrays(g)
+    except ValueError as err:
+        raise StoreError(f"{where or 'group ' + repr(g.path)}: attribute {schema.NETS_ARRAYS} {err}; "
+                         f"`kktlab verify` names it, `kktlab run` on its config restores it") from None
+    return LEGACY_NETS_ARRAYS if got is None else got
+
+
+def restore_nets_arrays(gpath: pathlib.Path, declared: dict[str, tuple[str, ...]]) -> list[str]:
+    """Rewrite the attribute (and its checksum) from the producer's declaration where it is damaged
+    or says otherwise (a rerun's repair, storage.store.Store.restore_arrays); [its name] if rewritten.
+    A group made before the attribute keeps its legacy reading."""
+    g = zarr.open_group(str(gpath), mode="r", zarr_format=3)
+    if schema.NETS_ARRAYS not in g.attrs and schema.NETS_ARRAYS_CRC not in g.attrs:
+        return []
+    try:
+        if read_nets_arrays(g) == {k: tuple(v) for k, v in declared.items()}:
+            return []
+    except ValueError:
+        pass
+    zarr.open_group(str(gpath), mode="r+", zarr_format=3).attrs.update(schema.nets_attrs(declared))
+    return [schema.NETS_ARRAYS]
 
 
 @dataclasses.dataclass
@@ -200,6 +264,12 @@ def load_nets_at(path: str | pathlib.Path, group: str, indices: list[tuple[int, 
         if rebuild is None and not problems[e] and "data_index" in g and int(g["data_index"][idx + (0,)]) >= 0:
             problems[e] = (f"upstream cell ({labels[e]}) keeps its training set as indices into a data file: "
                            "load it with kktlab.load_nets")
+    arrays = nets_arrays(g, f"group '{group}' of {path}")  # checked before any cell is read
+    damage = cells_damage(path, group, [tuple(i) for i, p in zip(indices, problems) if not p])
+    for e, idx in enumerate(map(tuple, indices)):  # never an edited or corrupt net handed on without a word
+        if not problems[e] and idx in damage:
+            problems[e] = (f"upstream cell ({labels[e]}) is damaged: {damage[idx]}; `kktlab verify {path}` names it, "
+                           "`kktlab run` on its config recomputes it")
     rebuilt = _rebuilt(g, indices, cells, labels, problems, rebuild) if rebuild else [{} for _ in indices]
     size = {n: np.array([int(g[n][tuple(idx)]) for idx in indices], dtype=np.int64)
             for n in ("d_used", "m_used", "width_used")}
@@ -226,7 +296,7 @@ def load_nets_at(path: str | pathlib.Path, group: str, indices: list[tuple[int, 
         if not all(np.isfinite(out[n][e]).all() for n in ARRAYS):
             problems[e] = f"upstream cell ({labels[e]}) has non-finite stored nets"
     hashes = [int(g[schema.CELL_HASH][tuple(idx)]) if schema.CELL_HASH in g else schema.NO_HASH for idx in indices]
-    extra, extra_dims, arrays = {}, {}, nets_arrays(g)
+    extra, extra_dims = {}, {}
     for name in (n for n in arrays if n in g):
         own = tuple(g[name].metadata.dimension_names[len(dims):])
         cut = _cut(own, K, D)

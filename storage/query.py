@@ -109,7 +109,7 @@ def damaged(path: str | pathlib.Path, group: str) -> xr.DataArray:
     mask = np.zeros(tuple(len(v) for v in grid.values()), dtype=bool)
     for idx in report.cells:
         mask[idx] = True
-    if report.problems:  # a variable or coordinate lost as a whole: every done cell is damaged
+    if report.broken_arrays:  # a variable or coordinate lost as a whole: every done cell is damaged
         g = zarr.open_group(str(pathlib.Path(path) / group), mode="r", zarr_format=3)
         mask |= np.asarray(g[schema.DONE][...], dtype=bool)
     return xr.DataArray(mask, dims=list(grid), attrs={"description": "done cell named damaged by kktlab verify"})

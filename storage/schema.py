@@ -16,12 +16,18 @@ reads as an error instead of a wrong number (storage/verify.py); the group attri
 A stage that produces something for another stage (``Experiment.produces``) has ``cell_hash``, a
 stage that reads one (``Experiment.reads``) ``upstream_hash`` (int64, -1: none): stale detection,
 storage/stale.py.
+
+The group attribute ``kktlab_nets_arrays`` (what a producer keeps for readers beside the nets,
+storage/nets.py) is written with its crc32c (``kktlab_nets_arrays_crc32c``): a reader acts on it,
+so an edit is damage that `kktlab verify` names, like a chunk's.
 """
 
 from __future__ import annotations
 
+import json
 import math
 
+import google_crc32c
 import numpy as np
 import xarray as xr
 from zarr.codecs import Crc32cCodec, ZstdCodec
@@ -43,6 +49,8 @@ UPSTREAM_HASH = "upstream_hash"  # a reading stage's cell: the cell_hash of the 
 NO_HASH = -1  # the fill of both: no hash recorded (cells of stores made before hashes)
 FINISHED = "cell_finished"  # every cell: when its values were written (UTC, CF time: a netCDF tool reads a date)
 NOT_HASHED = ("wall_s", FINISHED)  # timings / places differ on every run and change nothing a reader reads
+NETS_ARRAYS = "kktlab_nets_arrays"  # group attribute (JSON): array name -> own dims a producer keeps for readers
+NETS_ARRAYS_CRC = "kktlab_nets_arrays_crc32c"  # group attribute: the crc32c of NETS_ARRAYS as written
 CONVENTIONS = "CF-1.10"
 EPOCH = "seconds since 1970-01-01 00:00:00 UTC"
 # Units a declaration may use that UDUNITS cannot parse: what is stored instead (dimensionless "1"),
@@ -70,6 +78,17 @@ def failures(attrs) -> dict[str, str]:
         except ValueError:
             return {"?": f"unreadable {FAILURES} attribute: {raw[:200]}"}
     return dict(raw) if isinstance(raw, dict) else {}
+
+
+def crc32c(text: str) -> int:
+    return int(google_crc32c.value(text.encode()))
+
+
+def nets_attrs(declared: dict[str, tuple[str, ...]]) -> dict:
+    """The group attributes that hand a producer's declared ``nets_arrays`` to its readers: the JSON
+    mapping and its crc32c (storage/nets.py checks both before a reader acts on them)."""
+    text = json.dumps({k: list(v) for k, v in declared.items()}, sort_keys=True)
+    return {NETS_ARRAYS: text, NETS_ARRAYS_CRC: crc32c(text)}
 
 
 def coord_values(values: list) -> np.ndarray:

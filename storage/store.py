@@ -1,15 +1,14 @@
 """Create-from-template, region writes, ``done`` mask, resume, refusal to overwrite.
 
 Layout: ``<store>/<group>/`` is one experiment (group = config ``name``; in a config with
-``stages``, one group per stage, named after the stage). The group's attrs
-hold provenance (config, versions, git commit, device) and what defines the grid, so a rerun
-can check it is the same experiment. A bundle's writes go straight to the Zarr chunks of its
-cells, each chunk once (every chunk lies in one block of cells, written by one bundle at a time:
-storage/blocks.py); ``done`` is set last, so a kill between the two
-leaves the cells pending and they are recomputed. Every chunk of a done cell is written, even an
-all-NaN one, so :mod:`storage.verify` can tell a deleted chunk from a fill value; damaged cells
-are marked not done (:meth:`Store.mark_not_done`) and a deleted array is re-created from the
-template (:meth:`Store.restore_arrays`).
+``stages``, one group per stage, named after the stage). The group's attrs hold provenance
+(config, versions, git commit, device) and what defines the grid, so a rerun can check it is the
+same experiment. A bundle's writes go straight to the Zarr chunks of its cells, each chunk once
+(every chunk lies in one block of cells, written by one bundle at a time: storage/blocks.py);
+``done`` is set last, so a kill between the two leaves the cells pending and they are recomputed.
+Every chunk of a done cell is written, even an all-NaN one, so :mod:`storage.verify` can tell a
+deleted chunk from a fill value; damaged cells are marked not done (:meth:`Store.mark_not_done`),
+a deleted array and a damaged ``kktlab_nets_arrays`` are re-created (:meth:`Store.restore_arrays`).
 """
 
 from __future__ import annotations
@@ -33,7 +32,7 @@ from filelock import FileLock
 
 from core.declare import Experiment
 from core.errors import StoreError
-from storage import blocks, schema
+from storage import blocks, nets as nets_mod, schema
 from storage.hashing import content_hash, content_hashes  # noqa: F401 (re-exported)
 from storage.provenance import git_commit, versions
 from storage import verify as verify_mod
@@ -101,7 +100,7 @@ class Store:
             BLOCK: list(ds[schema.DONE].encoding["chunks"]),
             "kktlab_identity": json.dumps(ident, sort_keys=True, default=str),
             "kktlab_experiment": exp.name,
-            "kktlab_nets_arrays": json.dumps({k: list(v) for k, v in exp.nets_arrays.items()}, sort_keys=True),
+            **schema.nets_attrs(exp.nets_arrays),
             "paper": exp.paper,
             "config": config_text,
             "versions": json.dumps(versions()),
@@ -193,10 +192,11 @@ class Store:
     def restore_arrays(self, exp: Experiment, grid: dict[str, list], extra_sizes: dict[str, int]) -> list[str]:
         """Re-create, empty and from the template, every array (variable, ``done``, coordinate)
         whose metadata is missing or unreadable or, for a coordinate, whose values do not decode.
-        Returns their names; the done cells they held are damaged and found by :meth:`verify`."""
+        Returns their names (and kktlab_nets_arrays, where rewritten); their done cells: :meth:`verify`."""
         ident = json.loads(self.group().attrs.get("kktlab_identity") or "{}")
         ds = schema.template(exp, grid, extra_sizes, self.block(), ident.get("params"))
         gpath = self.path / self.group_name
+        attrs = nets_mod.restore_nets_arrays(gpath, exp.nets_arrays)  # an attribute readers act on, damaged or edited
         # every array of the template (a variable or hash array added since: re-created), but cell_finished
         # where the group was made without it (an older kktlab's group does not gain it)
         made = set(self.group().attrs.get(schema.VARIABLES) or ds.data_vars)
@@ -204,7 +204,7 @@ class Store:
         broken = [name for name in ds.variables if (name in ds.coords or name in listed)  # never made
                   and not _array_sound(gpath / str(name), name in ds.coords)]
         if not broken:
-            return []
+            return attrs
         tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{self.path.name}.restore-", dir=self.path.parent))
         try:
             with FileLock(str(self.path) + ".lock"):
@@ -216,7 +216,7 @@ class Store:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         self._group_rw, self._arrays = None, {}
-        return [str(n) for n in broken]
+        return attrs + [str(n) for n in broken]
 
     # --- writing --------------------------------------------------------------------------
     def write_cell(self, index: tuple[int, ...], values: dict, *, force: bool = False,

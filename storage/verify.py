@@ -6,6 +6,8 @@ What is checked, per experiment group:
 - the metadata: the root and group ``zarr.json`` (a group directory without one is an error, not
   an empty store) and every array the group should have (its ``kktlab_variables`` attribute, or
   for stores made before it the variables the caller expects, or the arrays present);
+- the group attribute ``kktlab_nets_arrays`` (what readers of its nets load beside them): valid,
+  and matching the crc32c written with it (storage/nets.py::read_nets_arrays);
 - per done cell and variable: the chunk exists (stores written with checksums write every chunk
   of a done cell, even an all-NaN one, so a missing chunk is damage, not a fill value), it decodes
   (its crc32c checksum matches: a flipped byte or a garbage chunk is caught), and it is finite
@@ -300,9 +302,72 @@ def verify_group(path: str | pathlib.Path, group: str,
     if hashes and harr is not None and not broken:  # values edited after they were stored (issue 29 item 4)
         for idx in _edited(gpath, harr, variables, [i for i in valued if i not in cells] if cells else valued, shape):
             cells.setdefault(idx, []).append("values differ from the cell_hash stored with them (edited since)")
+    try:  # an attribute readers act on (storage/nets.py): named like a damaged chunk (no cell's values are hit)
+        from storage.nets import read_nets_arrays
+
+        read_nets_arrays(zarr.open_group(str(gpath), mode="r", zarr_format=3))
+    except ValueError as err:
+        problems.append(f"attribute {schema.NETS_ARRAYS} {err}: readers of this group's nets refuse it; "
+                        "`kktlab run` on its config restores it from the declaration")
     if unchecked:
         notes.append(f"no checksums on {len(unchecked)} arrays (store made before kktlab wrote crc32c): "
                      "flipped bytes and missing all-NaN chunks there cannot be detected")
     return Report(group=group, experiment=ident.get("experiment", "?"), total=int(np.prod(shape)),
                   sound=sum(1 for idx in done_cells if idx not in cells), cells=cells, names=names,
                   broken_arrays=broken, problems=problems, notes=notes)
+
+
+def cells_damage(path: str | pathlib.Path, group: str, indices: list[tuple[int, ...]]) -> dict[tuple[int, ...], str]:
+    """What `kktlab verify` would name in each of the done cells ``indices`` of ``group``, reading only
+    their chunks (a reader's check of the upstream cells it is about to use, storage/nets.py): a
+    variable lost, a chunk missing or whose checksum does not match, a value not finite where declared
+    finite, values that no longer hash to the cell's ``cell_hash`` (edited since they were stored).
+    Returns the first problem of each damaged cell; a group made before ``kktlab_variables`` is
+    checked against the arrays it has."""
+    from storage.hashing import content_hash
+
+    gpath = pathlib.Path(path) / group
+    cells = sorted({tuple(int(i) for i in idx) for idx in indices})
+    if not cells:
+        return {}
+    g = zarr.open_group(str(gpath), mode="r", zarr_format=3)
+    variables = [v for v in (g.attrs.get(schema.VARIABLES) or sorted(n for n, _ in g.arrays()))
+                 if v not in (schema.DONE, schema.FAILED) and v not in set(g[schema.DONE].metadata.dimension_names)]
+    found: dict[tuple[int, ...], str] = {}
+    values: dict[str, dict[tuple[int, ...], np.ndarray]] = {}
+    for name in variables:
+        arr, why = _open_array(gpath, name)
+        if arr is None:
+            found.update({c: f"variable {name} {why}" for c in cells if c not in found})
+            continue
+        got = values[name] = {}
+        chunks, extra = arr.chunks[:len(cells[0])], (0,) * (arr.ndim - len(cells[0]))
+        by_chunk: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
+        for c in cells:
+            by_chunk.setdefault(tuple(i // k for i, k in zip(c, chunks)), []).append(c)
+        for key, members in by_chunk.items():  # each chunk read once: a block of cells (storage/blocks.py)
+            problem = _raw_check(os.path.join(str(gpath / name), arr.metadata.encode_chunk_key(key + extra))) \
+                if _checksummed(arr) else ""
+            start = tuple(k * s for k, s in zip(key, chunks))
+            if not problem:
+                try:
+                    block = np.asarray(arr[tuple(slice(a, a + s) for a, s in zip(start, chunks))])
+                except Exception as err:  # noqa: BLE001 - a chunk that does not decode
+                    problem = _chunk_problem(err)
+            for c in members:
+                if problem:
+                    found.setdefault(c, f"variable {name} {problem}")
+                    continue
+                got[c] = block[tuple(i - a for i, a in zip(c, start))]
+                v = got[c]
+                if arr.attrs.get(schema.FINITE) and not (np.isfinite(v).all() if v.dtype.kind == "f"
+                                                         else (v != schema.fill_value(v.dtype)).all()):
+                    found.setdefault(c, f"variable {name} not finite where declared finite")
+    hashed = [n for n in variables if n not in schema.NOT_HASHED and n not in (schema.CELL_HASH, schema.UPSTREAM_HASH)]
+    for c in cells:
+        stored = values.get(schema.CELL_HASH, {}).get(c)
+        if c in found or stored is None or int(stored) == schema.NO_HASH:  # no hash (older store): not judged
+            continue
+        if content_hash({n: values[n][c] for n in hashed}) != int(stored):
+            found[c] = "values differ from the cell_hash stored with them (edited since)"
+    return found
