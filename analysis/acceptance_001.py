@@ -44,8 +44,8 @@ def p001_4(ds: xr.Dataset) -> list[Row]:
     if every_l and "eps_app_e" in ds and bool(np.isfinite(ds["eps_app_e"]).any()):
         readings.append(("eps_app_e", "App. E: one random l per net"))  # issue 28 item 11: both readings
     for sel, (var, reading) in itertools.product(list(_ga_lines(ds)), readings):
-        e, keep = (ds[var].sel(sel), _keep(ds).sel(sel)) if sel else (ds[var], _keep(ds))
-        mean = aggregate(e, [NETS], usable=keep, done=ds["done"]).estimate  # over the nets' usable, finite ε
+        e, keep, done = (x.sel(sel) if sel else x for x in (ds[var], _keep(ds), ds["done"]))
+        mean = aggregate(e, [NETS], usable=keep, done=done).estimate  # over the nets' usable, finite ε
         if not np.isfinite(mean).any():
             continue
         a_star = float(mean.idxmin("alpha"))

@@ -98,7 +98,7 @@ def figures(ds: xr.Dataset, out_dir: pathlib.Path, prefix: str = "") -> list[pat
         a2.set_title("objective per radius (paper: 330-332 for all)", fontsize=9)
         boxes = "/".join(str(n) for n in sorted({v.size for v in per_radius(one, "score5").values()}))
         fig.suptitle(f"boxes: every usable run ({boxes} per radius);\ndiamonds: {caption(s)}", fontsize=7)
-        name = "_".join(f"{k}-{v}" for k, v in sel.items())
+        name = "_".join(f"{k}-{v}" for k, v in sel.items() if base.sizes[k] > 1)  # a one-value axis: no split
         paths.append(save(fig, pathlib.Path(out_dir) / f"{prefix}F004-1_score_vs_radius{'_' + name if name else ''}.png"))
     return paths
 
