@@ -45,6 +45,12 @@ def _slowest_files_first(items) -> None:
     items.sort(key=lambda it: (-by_file.get(it.location[0], 0.0), first[it.location[0]]))
 
 
+def pytest_configure(config):
+    import cpu_clock
+
+    cpu_clock.install(config)  # CPU seconds per test when $KKTLAB_TEST_CPU is set (make test-durations)
+
+
 def pytest_collection_modifyitems(config, items):
     _slowest_files_first(items)
     if has_cuda():
