@@ -45,7 +45,8 @@ REFUSED = [
     ("train -> pgd (training points, then test points)",
      (TRAIN, reader("pgd", budget="given") | {"grid": {"points": ["train", "test"]}}), "stages[1].from",
      "needs X_test"),
-    ("train -> unlearn", (TRAIN, UNLEARN), "stages[1].from", "needs nets that trained W or W+b"),
+    ("train -> unlearn retrain", (TRAIN, UNLEARN | {"grid": {"method": ["retrain"]}}), "stages[1].from",
+     "needs nets that trained W or W+b"),  # train -> unlearn ga / identity / k_ga: admitted (tests/test_unlearn_full.py)
     ("train_kkt -> universal_attack", (TRAIN_KKT, reader("universal_attack")), "stages[1].from",
      "needs nets that trained W+b+v"),
     ("train_kkt -> kkt_constructions", (TRAIN_KKT, reader("kkt_constructions")), "stages[1].from",

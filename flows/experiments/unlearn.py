@@ -32,6 +32,7 @@ from flows.experiments import Experiment, Param, Var, register, by_shape, timed
 from flows.experiments import nonrobust
 from flows.experiments import train as train_exp
 from tasks.cells import unlearn as cell_fn
+from tasks.cells.unlearn_full import unlearn_full
 from tasks.data.mixture import SCALINGS
 from tasks.unlearn import METHODS
 from tasks.unlearn.bounds import PRECONDITIONS
@@ -158,6 +159,12 @@ def run_bundle(cells: list[dict], device: str = "auto", inputs=None) -> list[dic
     dev = nonrobust.resolve_device(device)
     if dev.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False
+    trained = n.trained()
+    if bool(trained[:, 2].any()):  # v trained (paper 002 / 004's nets): GA over the blocks they trained
+        if not bool(trained[:, 2].all()):
+            raise ValueError("unlearn: a bundle mixes nets with v trained and nets with a frozen output layer")
+        blocks = tuple(name for name, on in zip(("W", "b", "v"), trained[0].tolist()) if on)
+        return unlearn_full(n.W, n.b, n.v, n.X, n.y, n.mask, n.d, n.m, n.width, n.rng_state, keys, cells, blocks)
     return cell_fn.unlearn(n.W, n.b, n.v, n.X, n.y, n.mask, n.d, n.m, n.width, n.rng_state, keys, cells,
                            train_bias=n.trained()[:, 1] if n.contracts else n.b.abs().amax(-1) > 0,
                            progress=bundle_progress.for_kernel(bundle_progress.current()),  # retraining epochs
@@ -175,15 +182,20 @@ def contract(cell: dict, upstream: NetsContract | None) -> NetsContract:
 def needs(cell: dict) -> NetsNeeds:
     """Paper 001's setting: a frozen output layer, W trained (and a bias, measured with it; a bias held
     fixed at a non-zero value is not a parameter of the GA step nor absent: tasks/cells/unlearn.py
-    refuses it); never nets something was already forgotten from; the retrain reference and D_MG
-    test points redraw what ``train_kkt`` drew."""
+    refuses it); or every block trained (paper 002 / 004's nets: the step over W, b, v,
+    tasks/cells/unlearn_full.py; identity, ga, k_ga); never nets something was already forgotten
+    from; the retrain reference and D_MG test points redraw what ``train_kkt`` drew."""
     redraw = cell["method"] == "retrain" or cell["ref_retrain"] or cell["test_points"] > 0
-    return NetsNeeds(trained=(frozenset({"W"}), frozenset({"W", "b"})), output="frozen",
+    if redraw or cell["method"] == "sequential_ga" or cell["model"] == "linear":
+        return NetsNeeds(trained=(frozenset({"W"}), frozenset({"W", "b"})), output="frozen",
+                         without=frozenset({"forgotten"}), unfixed=frozenset({"b"}),
+                         trainers=frozenset({"train_kkt"}) if redraw else frozenset(),
+                         data=frozenset({"d_mg"}) if cell["test_points"] > 0 else frozenset(),
+                         why="paper 001: GA on W with u frozen; retrain / ref_retrain / test_points redraw "
+                             "train_kkt's init and D_MG points")
+    return NetsNeeds(trained=(frozenset({"W"}), frozenset({"W", "b"}), frozenset({"W", "b", "v"})),
                      without=frozenset({"forgotten"}), unfixed=frozenset({"b"}),
-                     trainers=frozenset({"train_kkt"}) if redraw else frozenset(),
-                     data=frozenset({"d_mg"}) if cell["test_points"] > 0 else frozenset(),
-                     why="paper 001: GA on W with u frozen; retrain / ref_retrain / test_points redraw train_kkt's "
-                         "init and D_MG points")
+                     why="GA over the trained blocks: W (and b) with u frozen, or W, b, v")
 
 
 def check(cell: dict) -> None:

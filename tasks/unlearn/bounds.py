@@ -42,7 +42,8 @@ def lemma_b3(eps: float, delta: float, gamma: float, lam_max: float) -> tuple[fl
 
 
 PRECONDITIONS = ("0 < eps1 <= 0.5", "0 < delta1 <= 0.5", "0 < eps1 <= 1.0", "0 < delta1 <= 1.0", "eps_d < 0.1",
-                 "0 < eps_d <= 0.01", "psi <= 0.1", "phi <= eps_d/(4m)", "phi <= eps_d/(4mn)")  # bit i of ``violated``
+                 "0 < eps_d <= 0.01", "psi <= 0.1", "phi <= eps_d/(4m)", "phi <= eps_d/(4mn)",
+                 "output layer frozen")  # bit i of ``violated``; the last: set for nets with v trained (cells/unlearn_full.py)
 
 
 def _pre(eps1, delta1, eps_d, psi, phi, m, n, linear):
