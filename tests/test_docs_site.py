@@ -51,12 +51,13 @@ def test_the_config_page_has_every_experiment_parameter_and_variable(gen):
 
 def test_the_config_page_says_which_producers_unlearn_reads(gen):
     """The question a researcher could only answer from a refusal (issue 45): train_kkt's nets yes,
-    train's no (trained output layer), lazy nets yes but not for retraining."""
+    train's yes for the GA step over W, b, v but not for what needs a frozen output layer (issue 39),
+    lazy nets yes but not for retraining."""
     page = gen.config_page()
     table = page.split("### Which nets `unlearn` reads", 1)[1].split("###", 1)[0]
     rows = {line.split("|")[1].strip(): line for line in table.splitlines() if line.startswith("| `")}
     assert "| yes |" in rows["`train_kkt`"]
-    assert "| no |" in rows["`train`"]
+    assert "| yes |" in rows["`train`"] and "`method: 'retrain'`" in rows["`train`"]
     assert "| yes |" in rows["`lazy_train`"] and "`method: 'retrain'`" in rows["`lazy_train`"]
 
 
