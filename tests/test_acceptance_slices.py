@@ -178,6 +178,32 @@ def test_P004_13_and_15_report_the_worst_net_not_the_best():
     assert rows["P004-15"].value == pytest.approx(0.15 / (10 * 0.5 / 2.5), rel=1e-12)
 
 
+def test_P004_13_to_15_judge_only_nets_inside_their_premise():
+    """Issue 40: F004-1's attack predictions are about nets trained towards a KKT point of their training
+    set. Net 1 came out of an unlearn stage (a forgotten point: recovered_forgotten finite) and its runs
+    disagree (max/min 1.5): left out, net 0 judged alone (pass), the note naming the slice; with every
+    net left out (net 0 at ε*/‖θ‖ 0.8) the rows are not judged."""
+    from analysis.acceptance_004 import acceptance
+
+    dims = ("seed", "radius", "restart")
+    obj = np.ones((2, 3, 2)) * np.array([1.0, 2.0])[:, None, None]
+    obj[0, :, 1] *= 1.001
+    obj[1, :, 1] *= 1.5
+    forgot = np.full(obj.shape, np.nan)
+    forgot[1] = 0.0
+    ds = xr.Dataset({"objective": (dims, obj), "score5": (dims, 0.2 + 0.1 * obj), "done": (dims, np.ones(obj.shape, bool)),
+                     "recovered_forgotten": (dims, forgot), "train_eps": (dims, np.full(obj.shape, 0.09))},
+                    coords={"seed": [0, 1], "radius": [0.5, 1.0, 10.0], "restart": [0, 1]})
+    rows = {r.spec_id: r for r in acceptance(ds)}
+    assert rows["P004-13"].passed and rows["P004-13"].value == pytest.approx(1.001, rel=1e-12)
+    assert "judged 1 of 2 nets" in rows["P004-13"].note and "1 from an unlearn stage" in rows["P004-13"].note
+    ds["train_eps"][0] = 0.8
+    rows = {r.spec_id: r for r in acceptance(ds)}
+    for sid in ("P004-13", "P004-14", "P004-15"):
+        assert rows[sid].passed is None and "judged 0 of 2 nets" in rows[sid].note, rows[sid]
+    assert "1 with ε*/‖θ‖ > 0.5" in rows["P004-13"].note
+
+
 def test_P001_4_shows_the_mean_over_l_and_the_app_e_reading():
     """Issue 28 item 11: a forget = -2 group is judged on both readings, each row naming its own: ε
     averaged over the forgotten l (minimum at α = 1 here) and App. E's one random l per net (at 0.5)."""
