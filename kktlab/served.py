@@ -82,11 +82,10 @@ def cmd_submit(args) -> int:
               "overrides": overrides, "force": args.force, "verbose": args.verbose}
     if getattr(args, "wait", False):  # a run that takes a group between the check and its start: waited for too
         params["wait"] = True
-    try:
-        run = run_deployment(name, parameters=params, timeout=0, flow_run_name=run_name(cfg.name, params["store"]),
-                             tags=run_tags(cfg.name, [s.experiment for s in cfg.stages], params["store"]))
-    except ObjectNotFound:
-        raise UserError(f"no deployment {name!r} on {api}: run 'make deploy' first") from None
+    run = _create_run(lambda key: run_deployment(
+        name, parameters=params, timeout=0, flow_run_name=run_name(cfg.name, params["store"]),
+        tags=run_tags(cfg.name, [s.experiment for s in cfg.stages], params["store"]), idempotency_key=key),
+        name, api, ObjectNotFound)
     ui = api.rstrip("/").removesuffix("/api") + f"/runs/flow-run/{run.id}"
     print(f"flow run {run.name} ({run.id}) of {name}: {run.state.name if run.state else '?'}\n  {ui}", flush=True)
     print(f"  store: {params['store']}  (kktlab status {params['store']})", flush=True)
@@ -97,6 +96,33 @@ def cmd_submit(args) -> int:
     except KeyboardInterrupt:
         print(f"kktlab: stopped watching; the run goes on on the server: {ui}", file=sys.stderr)
         return 130
+
+
+def _create_run(create, name: str, api: str, not_found):
+    """``create(idempotency_key)`` tried again (:data:`BACKOFF_S`) while the server answers 5xx / 429 or not at
+    all (SQLite-backed: 503 while its database is locked), one key for every try (a run made but whose answer
+    was lost is returned, never queued twice); then one line naming the server and the answer."""
+    import uuid
+
+    import httpx
+
+    key = f"kktlab-submit-{uuid.uuid4().hex}"
+    for pause in (*BACKOFF_S, None):
+        try:
+            return create(key)
+        except not_found:
+            raise UserError(f"no deployment {name!r} on {api}: run 'make deploy' first") from None
+        except (httpx.HTTPStatusError, httpx.TransportError) as err:
+            code = err.response.status_code if isinstance(err, httpx.HTTPStatusError) else None
+            if code is not None and code < 500 and code != 429:
+                raise
+            said = f"answered {code}" if code else f"did not answer ({type(err).__name__})"
+            if pause is None:
+                raise UserError(f"the Prefect server at {api} {said} {len(BACKOFF_S) + 1} times while creating the run "
+                                f"of {name!r}; none was confirmed: look at its flow runs (or kktlab status STORE) "
+                                "and rerun the same kktlab submit") from None
+            print(f"kktlab: the Prefect server {said}; trying again in {pause:g} s", file=sys.stderr, flush=True)
+            time.sleep(pause)
 
 
 def _pool_has_live_worker(client, deployment_id) -> tuple[str, bool]:
