@@ -155,6 +155,7 @@ class Scheduler:
         import dask
 
         from flows.sweep import bundle_id, code_fingerprint, run_bundle
+        from storage.verify import cells_damage
 
         if self.no_room:  # the store's file system refused a write: nothing more is started
             return
@@ -175,8 +176,12 @@ class Scheduler:
                 result_cache.quarantine(cpath, "it read an upstream cell that has changed since")
                 cached = None
             written = [(idx, int(r[HASH])) for (idx, _), r in zip(b, cached or []) if HASH in r]
-            if cached is not None and not st.store.holds(written):
-                result_cache.quarantine(cpath, "the store does not hold the values it records (store made anew?)")
+            # used only if the store holds what it records: each cell's cell_hash, and values that still hash to it
+            # (a chunk lost or edited since the kill: recomputed, issue 40)
+            if cached is not None and (not st.store.holds(written)
+                                       or cells_damage(self.path, cfg.name, [i for i, _ in written])):
+                result_cache.quarantine(cpath, "the store does not hold the values it records (store made anew, "
+                                        "or a chunk lost or edited since?)")
                 cached = None
             if cached is not None:  # computed and written by a run killed before it marked them done
                 self._store(st, b, cached, True, cpath, ckpt, None)
