@@ -319,3 +319,105 @@ def assert_stores_equal(a, b, group: str | None = None, skip=("cell_hash",)) -> 
     assert bool(va["done"].all()) and bool(vb["done"].all())
     assert set(va) == set(vb) and len(va) > 5, sorted(va)
     assert mismatches(va, vb, skip=skip) == {}
+
+
+# --- kill drills held at a gate, and resumed stores against clean ones (issue 38) ---------------------
+
+def _done_total(store) -> int:
+    """Cells marked done over every group of ``store`` (0 while none is made)."""
+    import numpy as np
+    import zarr
+
+    total = 0
+    for done in pathlib.Path(store).glob("*/done/zarr.json"):
+        try:
+            total += int(np.asarray(zarr.open_array(str(done.parent), mode="r")[...]).sum())
+        except Exception:  # noqa: BLE001 - being made
+            pass
+    return total
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL of ``proc``'s process group (it was started with ``start_new_session``), then wait until
+    every process of it is gone (its Dask workers too), so nothing writes to the store afterwards."""
+    import signal
+
+    import psutil
+
+    try:
+        members = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.Error:
+        members = []
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+    psutil.wait_procs(members, timeout=60)
+
+
+def run_killed_at_gate(config, store, until, gate, env=None, timeout: float = 300, always: bool = False,
+                       poll: float = 0.01) -> None:
+    """``kktlab run CONFIG --store STORE`` in its own process group (its own Dask cluster), every bundle
+    held at the gate ``gate`` ($KKTLAB_GATE, flows/sweep.py ``wait_at_gate``) and let through one at a
+    time; the whole group is SIGKILLed (:func:`kill_group`) as soon as ``until(store)`` holds at a
+    moment when a bundle waits at the gate and each bundle let through before is stored (its progress
+    file, written once it passed the gate, is gone: the flow removes it after marking its cells done),
+    or, with ``always``, at any poll (``until`` then should be cheap). With one worker (the config's
+    ``runner.workers: 1``) one bundle computes at a time, so a condition on the cells done is met
+    exactly, whatever the machine's speed; the kill lands while a bundle is in flight."""
+    import time
+
+    gate, reached = pathlib.Path(gate), pathlib.Path(f"{gate}.reached")
+    progress = pathlib.Path(f"{store}.progress")
+    gate.touch()
+    proc = subprocess.Popen([*KKTLAB, "run", str(config), "--store", str(store)], cwd=ROOT,
+                            env=dict(os.environ, **(env or {}), KKTLAB_GATE=str(gate)), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    seen: set[str] = set()  # progress files of the bundles let through
+    let_through = None  # cells done when the last bundle was let through, until it is seen past the gate
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and proc.poll() is None:
+            if always and until(store):
+                return
+            files = {p.name for p in progress.glob("*/*.json")}
+            if let_through is not None:
+                if files - seen or _done_total(store) > let_through:  # past the gate: hold the next one
+                    gate.touch()
+                    seen |= files
+                    let_through = None
+            elif reached.exists() and not files:  # a bundle waits; those let through before are stored
+                if until(store):
+                    return
+                let_through = _done_total(store)
+                reached.unlink()
+                gate.unlink()
+            time.sleep(poll)
+    finally:
+        kill_group(proc)
+
+
+def stage_values(store, groups, **isel) -> dict:
+    """:func:`store_values` of each of ``groups``, named ``group/variable``; ``isel``: the cells of a
+    sub-grid (e.g. ``seed=slice(0, 3)``: a run of fewer seeds against a clean run of more), along the
+    dims a group has."""
+    from storage import schema
+    from storage.query import open_results
+
+    out = {}
+    for group in groups:
+        ds = open_results(store, group)
+        ds = ds.isel({d: s for d, s in isel.items() if d in ds.dims}).load()
+        out.update({f"{group}/{v}": ds[v].values for v in ds.data_vars if v not in schema.NOT_HASHED})
+    return out
+
+
+def assert_resumed_equals_clean(store, clean, groups, **isel) -> None:
+    """Every cell of ``groups`` of the resumed ``store`` is done and holds what the clean run stored
+    (:func:`mismatches` at 1e-12, each cell's ``cell_hash`` included); ``isel`` narrows ``clean``."""
+    got, want = stage_values(store, groups), stage_values(clean, groups, **isel)
+    for group in groups:
+        assert bool(got[f"{group}/done"].all()) and bool(want[f"{group}/done"].all()), group
+    assert set(got) == set(want) and len(got) > 5 * len(groups), sorted(set(got) ^ set(want))
+    assert mismatches(got, want, skip=()) == {}
