@@ -160,7 +160,7 @@ def run_bundle(cells: list[dict], device: str = "auto", inputs=None) -> list[dic
     if dev.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False
     trained = n.trained()
-    if bool(trained[:, 2].any()):  # v trained (paper 002 / 004's nets): GA over the blocks they trained
+    if n.contracts and bool(trained[:, 2].any()):  # v trained (paper 002 / 004's nets): over the blocks they trained
         if not bool(trained[:, 2].all()):
             raise ValueError("unlearn: a bundle mixes nets with v trained and nets with a frozen output layer")
         blocks = tuple(name for name, on in zip(("W", "b", "v"), trained[0].tolist()) if on)
