@@ -88,9 +88,10 @@ def test_pgd_rta_names_the_points_it_attacked(points, word):
     assert ds.rta.attrs["description"].startswith(word) and ds.rta.attrs["long_name"].startswith(word)
 
 
-@pytest.fixture
-def store(tmp_path):
-    path = tmp_path / "s.zarr"
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """A nonrobust group with one cell written and one failed; its tests only read it (made once)."""
+    path = tmp_path_factory.mktemp("exports") / "s.zarr"
     cfg = config.parse({"experiment": "nonrobust", "grid": {"d": [10, 20], "seed": [0]}, "params": {"width": 8}})
     st = open_store(cfg, path, "auto")
     before = datetime.datetime.now(datetime.timezone.utc)
@@ -172,9 +173,10 @@ CHAIN = {"name": "c", "stages": [
 ]}
 
 
-@pytest.fixture
-def chain(tmp_path):
-    path = tmp_path / "c.zarr"
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory):
+    """The three-stage chain's groups, every cell written (no flow run); its tests only read it (made once)."""
+    path = tmp_path_factory.mktemp("chain") / "c.zarr"
     for stage in config.parse(CHAIN).stages:
         st = open_store(stage, path, "cpu")
         vals = {n: (np.zeros([2] * len(v.dims), v.dtype) if v.dims else np.asarray(0, v.dtype))

@@ -2,7 +2,13 @@
 X3 (single step vs DeepFool vs PGD on the same lazy nets, the acceptance row computed from the
 store), X2 (inside the width window m >= d^2.4: the B.4 / B.7 / B.9 diagnostics), X4 (no exit rule:
 C0_reached(t), C0_cone(t) along the trajectory), X5 (raw-gradient PGD looks spuriously robust;
-nearest resampling), X7 (unlearning and reconstruction read lazy nets). One CLI run holds every stage. Each test asserts values the store holds."""
+nearest resampling), X7 (unlearning and reconstruction read lazy nets). One CLI run holds every stage. Each test asserts values the store holds.
+
+Size: the chain's CPU time is mostly per stage and per bundle (store groups, progress, Dask tasks), the rest
+is SGD steps, so each stage has the fewest cells and steps its assertions need: one PGD setting (T2 = 40,
+3 restarts; at R = 0.3 every setting flipped every test point, measured), X4's trajectory read up to
+1000 steps (C0 = 10.4 / 22.6 there at lr 0.1 / 1: out of the C0 = 6 ball), X5 trained 1000 steps
+(the raw-step PGD's RTA 0.78 / 0.39 above the normalised step's, against 0.89 / 0.31 after 3000)."""
 
 from __future__ import annotations
 
@@ -20,20 +26,21 @@ def chain() -> dict:
         {"name": "lazy", "experiment": "lazy_train", "grid": {"d": [64], "C0": [3.0, 6.0], "seed": [0]},
          "params": dict(LAZY)},
         {"name": "flips", "experiment": "single_step", "from": "lazy", "grid": {"deepfool": [True]}},
-        {"name": "pgd", "experiment": "pgd", "from": "lazy", "grid": {"T2": [10, 40], "restarts": [1, 3]},
+        {"name": "pgd", "experiment": "pgd", "from": "lazy", "grid": {"T2": [40], "restarts": [3]},
          "params": {"budget": "given", "R": 0.3}},
         # X2: d = 16 with m = ceil(16^2.4) = 777
         {"name": "lazy_x2", "experiment": "lazy_train", "grid": {"d": [{"d": 16, "m": 777}], "C0": [10.0], "seed": [0]},
          "params": dict(LAZY, m=1000)},
         {"name": "flips_x2", "experiment": "single_step", "from": "lazy_x2", "grid": {"method": ["single_step_exact"]}},
         # X4: no exit rule, the trajectory read at three step counts, lr 0.1 and 1
-        {"name": "lazy_x4", "experiment": "lazy_train", "grid": {"max_steps": [30, 300, 3000], "lr": [0.1, 1.0]},
+        {"name": "lazy_x4", "experiment": "lazy_train", "grid": {"max_steps": [30, 300, 1000], "lr": [0.1, 1.0]},
          "params": {**{k: v for k, v in LAZY.items() if k not in ("lr", "max_steps")}, "d": 64, "C0": 6.0,
                     "exit_rule": False}},
         {"name": "flips_x4", "experiment": "single_step", "from": "lazy_x4", "grid": {"method": ["single_step_exact"]}},
-        # X5: raw pixels (big margins) at C0 = 20, two resamplings; PGD with normalised vs raw steps
+        # X5: raw pixels (big margins) at C0 = 20 (not reached in 1000 steps), two resamplings; PGD with
+        # normalised vs raw steps
         {"name": "lazy_x5", "experiment": "lazy_train", "grid": {"resample": ["bilinear", "nearest"], "seed": [0]},
-         "params": dict(LAZY, d=49, C0=20.0, variant="raw")},
+         "params": dict(LAZY, d=49, C0=20.0, variant="raw", max_steps=1000)},
         {"name": "pgd_x5", "experiment": "pgd", "from": "lazy_x5", "grid": {"pgd_step": ["normalised", "raw"]},
          "params": {"budget": "given", "R": 1.0, "T2": 20}},
         # X7: paper 001's gradient-ascent unlearning and paper 004's KKT reconstruction on a lazy net
@@ -62,7 +69,7 @@ def test_X3_row_from_the_store_single_step_within_1p2_of_best(ran):
     from storage.query import open_results
 
     stats = json.loads((ran / "stats.json").read_text())
-    assert [s["written"] for s in stats] == [2, 2, 8, 1, 1, 6, 6, 2, 4, 1, 1, 1] and all(s["failed"] == 0 for s in stats)
+    assert [s["written"] for s in stats] == [2, 2, 2, 1, 1, 6, 6, 2, 4, 1, 1, 1] and all(s["failed"] == 0 for s in stats)
     rows = x3.store_acceptance(ran / "s.zarr")
     assert len(rows) == 1 and rows[0].spec_id == "X3"
     row = rows[0]
@@ -157,10 +164,10 @@ def test_X4_no_exit_rule_leaves_the_ball_and_logs_the_cone(ran):
     assert (lazy.exited == 0).all() and (lazy.steps == lazy.max_steps).all()
     c0 = lazy.C0_reached.transpose("lr", "max_steps").values
     assert (np.diff(c0, axis=1) > 0).all()  # the deviation grows along the trajectory
-    assert (c0[:, -1] > 6.0).all() and float(lazy.C0_reached.sel(lr=1.0, max_steps=3000)) > 20  # left the C0 = 6 ball
+    assert (c0[:, -1] > 6.0).all() and float(lazy.C0_reached.sel(lr=1.0, max_steps=1000)) > 20  # left the C0 = 6 ball
     assert (lazy.C0_cone <= lazy.C0_reached * (1 + 1e-9)).all()  # r = 1 is one of the cone's rescalings
     rel = (flips.med_delta_rel * flips.sqrt_d).sel(lr=1.0)
-    assert float(rel.sel(max_steps=3000)) > float(rel.sel(max_steps=30))  # more robust (single step) out of the ball
+    assert float(rel.sel(max_steps=1000)) > float(rel.sel(max_steps=30))  # more robust (single step) out of the ball
 
 
 @pytest.mark.slow
@@ -171,7 +178,7 @@ def test_X5_raw_gradient_pgd_is_spuriously_robust_and_nearest_resampling_differs
     pgd = open_results(ran / "s.zarr", "pgd_x5").load().squeeze()
     lazy = open_results(ran / "s.zarr", "lazy_x5").load().squeeze()
     norm, raw = pgd.rta.sel(pgd_step="normalised"), pgd.rta.sel(pgd_step="raw")
-    assert (raw >= norm + 0.3).all()  # measured ~0.7 vs ~0 at R = 1 on raw digits pixels
+    assert (raw >= norm + 0.3).all()  # measured 0.80 vs 0.02 (bilinear), 0.94 vs 0.55 (nearest) at R = 1
     assert (pgd.max_delta <= 1.0 + 1e-9).all()
     Xb, Xn = (load_nets(ran / "s.zarr", "lazy_x5", resample=r).extra["X_test"].numpy() for r in ("bilinear", "nearest"))
     assert np.abs(Xb - Xn).max() > 0.1 and (lazy.test_acc >= 0.9).all()

@@ -79,10 +79,12 @@ def test_run_off_a_terminal_keeps_the_sweeps_own_lines():
 
 @pytest.mark.slow
 @pytest.mark.requires_services
-def test_run_is_quiet_prints_the_dashboard_once_and_tears_down_without_a_kill(cli, tmp_path, write_config):
+def test_run_is_quiet_prints_the_dashboard_once_and_tears_down_without_a_kill(cli, prefect_server, tmp_path,
+                                                                             write_config):
     """``kktlab run`` on a local cluster of 2 worker processes: no cluster INFO lines, no
     jupyter-server-proxy hint, the dashboard address once, and the workers exit on their own (Dask's
-    warnings are let through here so that "still alive after 4.0 seconds, killing" would show)."""
+    warnings are let through here so that "still alive after 4.0 seconds, killing" would show). It
+    reports to the session's Prefect server (no embedded one of its own to start)."""
     cfg = write_config({"experiment": "nonrobust", "name": "quiet", "grid": {"d": [8], "seed": [0, 1]},
                         "params": {"width": 8, "lr0": 0.01, "lr_period": 10, "target_loss": 1.0e-4},
                         "runner": {"workers": 2, "bundle_size": 1}})
