@@ -225,7 +225,8 @@ def ratios(flips: xr.Dataset, pgds: list[xr.Dataset], up: dict | None = None) ->
     group's, less its own axes."""
     f = flips.where(usable(flips))
     if "method" in f.dims:
-        f = f.sel(method="single_step_exact") if "single_step_exact" in f["method"].values else f.isel(method=0)
+        # a dict, not method=...: that is Dataset.sel's own keyword and would select nothing (issue 40)
+        f = f.sel({"method": "single_step_exact"}) if "single_step_exact" in f["method"].values else f.isel({"method": 0})
     if "deepfool" in f.dims:
         f = f.sel(deepfool=True)
     single = f["delta_rel"] * f["x_norm"]

@@ -152,11 +152,11 @@ def figures(ds: xr.Dataset, out_dir, prefix: str = "") -> list[pathlib.Path]:
     out = pathlib.Path(out_dir)
     fid = spec_figure(ds)
     paths = [
-        _panel(ds, "eps_mean", "ε on S∖{l} (mean over l)", out / f"{prefix}F001-1_eps.png",
+        _panel(ds, "eps_mean", "ε on S∖{l} (mean over l)", out / f"{prefix}{fid}_eps.png",
                f"{fid}: KKT ε of the unlearned net vs α"),
-        _panel(ds, "delta_mean", "δ on S∖{l}", out / f"{prefix}F001-1_delta.png", f"{fid}: δ vs α"),
-        _panel(ds, "eps_rel_mean", "ε / ‖θ̂‖", out / f"{prefix}F001-1_eps_rel.png", f"{fid}: ε_rel vs α"),
-        _bound_panel(ds, out / f"{prefix}F001-1_bound.png", fid),
+        _panel(ds, "delta_mean", "δ on S∖{l}", out / f"{prefix}{fid}_delta.png", f"{fid}: δ vs α"),
+        _panel(ds, "eps_rel_mean", "ε / ‖θ̂‖", out / f"{prefix}{fid}_eps_rel.png", f"{fid}: ε_rel vs α"),
+        _bound_panel(ds, out / f"{prefix}{fid}_bound.png", fid),
     ]
     if "cos_svm" in ds and bool(np.isfinite(ds["cos_svm"]).any()):
         paths.append(_panel(ds, "cos_svm", "cossim(ŵ(α), w*)", out / f"{prefix}F001-3_cos_svm.png",

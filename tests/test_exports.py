@@ -151,6 +151,20 @@ def test_sel_keywords_are_xarray_s():
     assert got == set(config.SEL_KEYWORDS)
 
 
+def test_no_code_selects_a_keyword_axis_by_keyword():
+    """``ds.sel(method="ga")`` is xarray's inexact-match rule, not a selection on the ``method`` axis
+    (unlearn's and single_step's, kept for old stores): the package selects such axes with a dict."""
+    import pathlib
+    import re
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    pattern = re.compile(r"\.i?sel\((?:[^()]*,\s*)?(" + "|".join(config.SEL_KEYWORDS) + r")\s*=\s*[\"'0-9]")
+    found = [f"{path.relative_to(root)}:{i}" for folder in ("analysis", "storage", "kktlab", "flows", "tasks")
+             for path in sorted((root / folder).rglob("*.py"))
+             for i, line in enumerate(path.read_text().splitlines(), 1) if pattern.search(line.split("#")[0])]
+    assert found == [], found
+
+
 @pytest.mark.parametrize("key", ["tolerance", "drop", "method"])
 def test_a_grid_axis_named_like_a_sel_keyword_is_refused(monkeypatch, key):
     """One line naming the field and the alternative; unlearn's and single_step's ``method`` stay
@@ -219,7 +233,7 @@ def test_unlearn_figures_titled_with_their_spec_ids(tmp_path):
     common.take_records()
     unlearn.figures(_unlearn_ds(k=[2], **base), tmp_path, "kga_")
     _, captions = common.take_records()
-    assert captions["kga_F001-1_eps.png"].startswith("F001-4: KKT ε")
+    assert captions["kga_F001-4_eps.png"].startswith("F001-4: KKT ε")
 
 
 def test_no_figure_of_all_inf_data(tmp_path):

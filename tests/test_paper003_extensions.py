@@ -248,3 +248,22 @@ def test_X3_ratio_planted_best_attack_and_the_V_star_cut():
     assert np.isnan(r.sel(C0=10.0).values[3]) and np.isnan(r.sel(C0=30.0).values).all()
     row = x3.x3_rows(flips, [pgd])[0]
     assert abs(row.value - 1.5) < 1e-12 and not row.passed and "3 points" in row.measured
+
+
+def test_X3_ratio_reads_the_exact_single_step_of_a_method_axis():
+    """A flips group with a ``method`` axis: the ratio takes the ``single_step_exact`` cells only (a
+    ``sel(method=...)`` would pick xarray's inexact-match rule and pool both methods)."""
+    import xarray as xr
+
+    from analysis import acceptance_003 as x3
+
+    methods, ts = ["bisection", "single_step_exact"], [0, 1]
+    flips = xr.Dataset({
+        "delta_rel": (("method", "point"), [[0.4, 0.4], [0.2, 0.3]]),
+        "x_norm": (("method", "point"), np.ones((2, 2))),
+        "delta_deepfool": (("method", "point"), np.full((2, 2), 0.1)),
+        "correct": (("method", "point"), np.ones((2, 2))),
+        "done": (("method",), [True, True])}, coords={"method": methods, "point": ts})
+    r = x3.ratios(flips, [])
+    assert "method" not in r.dims
+    np.testing.assert_allclose(r.values, [2.0, 3.0], rtol=1e-12)
