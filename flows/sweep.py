@@ -220,9 +220,9 @@ GATE_ENV = "KKTLAB_GATE"
 
 def wait_at_gate(poll_s: float = 0.05) -> None:
     """``$KKTLAB_GATE`` names a file: while it exists, every bundle of the run waits here before it
-    computes, after creating ``<file>.reached``. How a test (or an operator) holds a run at a point it
-    controls (to kill it, refuse a second run, cancel it, kill its worker) and lets it go by deleting
-    the file; unset, nothing waits."""
+    computes, after creating ``<file>.reached``, and creates ``<file>.passed`` once let through. How a
+    test (or an operator) holds a run at a point it controls (to kill it, refuse a second run, cancel it,
+    kill its worker) and lets it go by deleting the file; unset, nothing waits."""
     gate = os.environ.get(GATE_ENV)
     if not gate or not os.path.exists(gate):
         return
@@ -231,6 +231,7 @@ def wait_at_gate(poll_s: float = 0.05) -> None:
     pathlib.Path(gate + ".reached").touch()
     while os.path.exists(gate):
         time.sleep(poll_s)
+    pathlib.Path(gate + ".passed").touch()
 
 
 # A bundle whose writes the file system refused returns the receipt NO_ROOM (flows/result_cache.py).

@@ -319,3 +319,88 @@ def assert_stores_equal(a, b, group: str | None = None, skip=("cell_hash",)) -> 
     assert bool(va["done"].all()) and bool(vb["done"].all())
     assert set(va) == set(vb) and len(va) > 5, sorted(va)
     assert mismatches(va, vb, skip=skip) == {}
+
+
+# --- kill drills held at a gate, and resumed stores against clean ones (issue 38) ---------------------
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL of ``proc``'s process group (it was started with ``start_new_session``), then wait until
+    every process of it is gone (its Dask workers too), so nothing writes to the store afterwards."""
+    import signal
+
+    import psutil
+
+    try:
+        members = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.Error:
+        members = []
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+    psutil.wait_procs(members, timeout=60)
+
+
+def run_killed_at_gate(config, store, until, gate, env=None, timeout: float = 300, always: bool = False,
+                       poll: float = 0.02) -> None:
+    """``kktlab run CONFIG --store STORE`` in its own process group (its own Dask cluster), every bundle
+    held at the gate ``gate`` ($KKTLAB_GATE, flows/sweep.py ``wait_at_gate``) and let through one at a
+    time; the whole group is SIGKILLed (:func:`kill_group`) as soon as ``until(store)`` holds at a
+    moment when a bundle waits at the gate and each bundle let through before is stored (its progress
+    file, written once it passed the gate, is gone: the flow removes it after marking its cells done),
+    or, with ``always``, at any poll (``until`` then should be cheap). A bundle let through says so
+    (``<gate>.passed``) and the gate closes behind it. With one worker (the config's
+    ``runner.workers: 1``) one bundle computes at a time, so a condition on the cells done is met
+    exactly, whatever the machine's speed; the kill lands while a bundle is in flight."""
+    import time
+
+    gate = pathlib.Path(gate)
+    reached, passed = pathlib.Path(f"{gate}.reached"), pathlib.Path(f"{gate}.passed")
+    progress = pathlib.Path(f"{store}.progress")
+    gate.touch()
+    proc = subprocess.Popen([*KKTLAB, "run", str(config), "--store", str(store)], cwd=ROOT,
+                            env=dict(os.environ, **(env or {}), KKTLAB_GATE=str(gate)), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and proc.poll() is None:
+            if always and until(store):
+                return
+            if not gate.exists():  # a bundle was let through: close the gate once it is past it
+                if passed.exists():
+                    gate.touch()
+                    passed.unlink()
+            elif reached.exists() and not any(progress.glob("*/*.json")):  # a bundle waits; the ones before are stored
+                if until(store):
+                    return
+                reached.unlink()
+                gate.unlink()
+            time.sleep(poll)
+    finally:
+        kill_group(proc)
+
+
+def stage_values(store, groups, **isel) -> dict:
+    """:func:`store_values` of each of ``groups``, named ``group/variable``; ``isel``: the cells of a
+    sub-grid (e.g. ``seed=slice(0, 3)``: a run of fewer seeds against a clean run of more), along the
+    dims a group has."""
+    from storage import schema
+    from storage.query import open_results
+
+    out = {}
+    for group in groups:
+        ds = open_results(store, group)
+        ds = ds.isel({d: s for d, s in isel.items() if d in ds.dims}).load()
+        out.update({f"{group}/{v}": ds[v].values for v in ds.data_vars if v not in schema.NOT_HASHED})
+    return out
+
+
+def assert_resumed_equals_clean(store, clean, groups, **isel) -> None:
+    """Every cell of ``groups`` of the resumed ``store`` is done and holds what the clean run stored
+    (:func:`mismatches` at 1e-12, each cell's ``cell_hash`` included); ``isel`` narrows ``clean``."""
+    got, want = stage_values(store, groups), stage_values(clean, groups, **isel)
+    for group in groups:
+        assert bool(got[f"{group}/done"].all()) and bool(want[f"{group}/done"].all()), group
+    assert set(got) == set(want) and len(got) > 5 * len(groups), sorted(set(got) ^ set(want))
+    assert mismatches(got, want, skip=()) == {}

@@ -2,38 +2,44 @@
 upstream ones still run, from the Prefect API's task-run timestamps and dependencies), a kill -9
 of the runner at three moments, and a Dask worker SIGKILLed mid-chain. Every run is the real CLI
 with a real Prefect server and a Dask LocalCluster; after each, every cell of both stages is
-written once and equal to a clean run."""
+written once and equal to a clean run.
+
+One clean run (six nets, the pipelining test's) is the reference of every other test: the kill
+drills run the chain on its first three nets (each cell is computed from its own parameters, one
+cell a bundle, so the same cells hold the same numbers) and compare with those cells of it."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
-import subprocess
-import time
+import threading
 
 import numpy as np
 import psutil
 import pytest
 import yaml
 
-from storage import schema
+from conftest import assert_resumed_equals_clean, run_killed_at_gate
 
 pytestmark = [pytest.mark.requires_services, pytest.mark.slow]
 
 TRAIN = {"width": 16, "lr0": 0.01, "lr_period": 10, "target_loss": 1.0e-12, "max_iters": 3000}
-SEEDS = [0, 1, 2, 3]
+CLEAN_SEEDS = range(6)  # the pipelining test's run: six train bundles on two workers
+SEEDS = range(3)  # the drills': the kill lands mid-stage at a gate, not by the size of the run
+ATTACKS = ("margin_direction", "random_direction")
+GROUPS = ("nets", "robustness")
 
 
-def chain(name: str, workers: int, seeds=SEEDS, slack=(1.05, 1.1)) -> dict:
+def chain(name: str, workers: int, seeds=SEEDS, slack=(1.1,)) -> dict:
     return {"name": name, "runner": {"workers": workers, "bundle_size": 1}, "stages": [
         {"name": "nets", "experiment": "train", "grid": {"d": [24], "seed": list(seeds)}, "params": dict(TRAIN)},
         {"name": "robustness", "experiment": "universal_attack", "from": "nets",
-         "grid": {"attack": ["margin_direction", "random_direction"], "slack": list(slack)}},
+         "grid": {"attack": list(ATTACKS), "slack": list(slack)}},
     ]}
 
 
-TOTAL = {"nets": len(SEEDS), "robustness": len(SEEDS) * 4}
+TOTAL = {"nets": len(SEEDS), "robustness": len(SEEDS) * len(ATTACKS)}
 
 
 def _done(store, group) -> int:
@@ -45,38 +51,30 @@ def _done(store, group) -> int:
         return -1
 
 
-def _values(store) -> dict:
-    from storage.query import open_results
-
-    out = {}
-    for group in TOTAL:
-        ds = open_results(store, group).load()
-        out.update({f"{group}/{v}": ds[v].values for v in ds.data_vars if v not in schema.NOT_HASHED})
-    return out
-
-
-def _same(a: dict, b: dict) -> None:
-    assert set(a) == set(b)
-    for k in b:
-        np.testing.assert_allclose(a[k].astype(float), b[k].astype(float), rtol=1e-9, atol=0, equal_nan=True,
-                                   err_msg=k)
-
-
-def _run(cli, path, store, tmp_path, tag, env=None):
+def _run(cli, path, store, tmp_path, tag):
     stats = tmp_path / f"{tag}.json"
-    res = cli.run("run", path, "--store", store, "--json", stats, env=env)
+    res = cli.run("run", path, "--store", store, "--json", stats)  # in-process, on the session's services
     assert res.returncode == 0, res.stderr[-3000:]
     return {s["group"]: s for s in json.loads(stats.read_text())}
 
 
+def _write(tmp_path, raw: dict):
+    path = tmp_path / f"{raw['name']}.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
 @pytest.fixture(scope="module")
 def clean(prefect_server, cli, tmp_path_factory):
+    """The chain on six nets, two workers, run once through the CLI: its store and its statistics."""
     tmp = tmp_path_factory.mktemp("clean")
-    path = tmp / "chain.yaml"
-    path.write_text(yaml.safe_dump(chain("resume", workers=1)))
-    stats = _run(cli, path, tmp / "clean.zarr", tmp, "clean")
-    assert {g: s["written"] for g, s in stats.items()} == TOTAL
-    return _values(tmp / "clean.zarr")
+    stats = _run(cli, _write(tmp, chain("pipelined", workers=2, seeds=CLEAN_SEEDS)), tmp / "clean.zarr", tmp, "clean")
+    return tmp / "clean.zarr", stats
+
+
+def _same_as_clean(store, clean) -> None:
+    """Both stages of ``store`` (the drills' first three nets) equal those cells of the clean run."""
+    assert_resumed_equals_clean(store, clean[0], GROUPS, seed=slice(0, len(SEEDS)))
 
 
 def _task_runs(flow_run_name: str) -> list:
@@ -91,14 +89,13 @@ def _task_runs(flow_run_name: str) -> list:
         return client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[runs[0].id])))
 
 
-def test_downstream_bundles_start_before_the_upstream_stage_ends(prefect_server, cli, tmp_path, clean):
+def test_downstream_bundles_start_before_the_upstream_stage_ends(clean):
     """Two workers, six train bundles: the first universal_attack task run starts before the last
     train task run ends (no barrier), and each one depends (wait_for) on the train task run whose
-    net it reads; both stages are complete and equal to a clean run's cells."""
-    path = tmp_path / "chain.yaml"
-    path.write_text(yaml.safe_dump(chain("pipelined", workers=2, seeds=range(6), slack=[1.1])))
-    stats = _run(cli, path, tmp_path / "p.zarr", tmp_path, "p")
+    net it reads; both stages are complete (the other tests compare their cells with resumed runs)."""
+    _, stats = clean
     assert {g: s["written"] for g, s in stats.items()} == {"nets": 6, "robustness": 12}
+    assert all(s["failed"] == 0 and s["done_before"] == 0 for s in stats.values())
     runs = _task_runs("pipelined")
     train = [r for r in runs if r.name.startswith("nets d=24 seed=")]
     attack = [r for r in runs if r.name.startswith("robustness d=24 seed=")]
@@ -113,11 +110,10 @@ def test_downstream_bundles_start_before_the_upstream_stage_ends(prefect_server,
         assert len(parents) == 1, r.name
         seed = r.name.split("seed=")[1].split(" ")[0]
         assert parents[0].name == f"nets d=24 seed={seed} (1 cell)" and parents[0].end_time <= r.start_time
-        assert r.name in (f"robustness d=24 seed={seed} attack={a} slack=1.1 (1 cell)"
-                          for a in ("margin_direction", "random_direction"))
+        assert r.name in (f"robustness d=24 seed={seed} attack={a} slack=1.1 (1 cell)" for a in ATTACKS)
 
 
-MOMENTS = {
+MOMENTS = {  # checked while a bundle waits at the gate, each bundle let through before stored
     "training": lambda store: 1 <= _done(store, "nets") < TOTAL["nets"],
     "between_stages": lambda store: _done(store, "nets") == TOTAL["nets"],
     "downstream": lambda store: _done(store, "robustness") >= 2,
@@ -126,61 +122,55 @@ MOMENTS = {
 
 @pytest.mark.parametrize("moment", list(MOMENTS))
 def test_chain_killed_then_resumed_equals_a_clean_run(prefect_server, cli, tmp_path, clean, moment):
-    """kill -9 of the runner's process group during training, once training is over (downstream
-    bundles pending) or inside the downstream stage; the rerun (bundles are never cached by Prefect:
-    its statistics count what it computed) writes each missing cell once and both stages equal a clean run."""
-    path = tmp_path / "chain.yaml"
-    path.write_text(yaml.safe_dump(chain("resume", workers=1)))
+    """kill -9 of the runner's process group (one Dask worker, a bundle in flight at the gate) during
+    training, once training is over (downstream bundles pending) or inside the downstream stage; the
+    rerun (bundles are never cached by Prefect: its statistics count what it computed) writes each
+    missing cell once and both stages equal a clean run."""
+    path = _write(tmp_path, chain("resume", workers=1))
     store = tmp_path / "killed.zarr"
-    cli.run_killed(path, store, MOMENTS[moment], env={"PREFECT_HOME": str(tmp_path / "home-a")})
+    run_killed_at_gate(path, store, MOMENTS[moment], tmp_path / "gate", env={"PREFECT_HOME": str(tmp_path / "home-a")})
     at_kill = {g: _done(store, g) for g in TOTAL}
     assert MOMENTS[moment](store) and at_kill["robustness"] < TOTAL["robustness"], at_kill
-    stats = _run(cli, path, store, tmp_path, "resumed")  # in-process, on the session's services
+    stats = _run(cli, path, store, tmp_path, "resumed")
     for group, total in TOTAL.items():
         s = stats[group]
-        assert s["done_before"] >= at_kill[group] and s["refused_done"] == 0 and s["failed"] == 0, s
+        assert s["done_before"] == at_kill[group] and s["refused_done"] == 0 and s["failed"] == 0, s
         assert s["written"] + s["done_before"] == total, s  # each missing cell written once
-    _same(_values(store), clean)
+    _same_as_clean(store, clean)
 
 
-def _dask_workers(proc: subprocess.Popen) -> list[psutil.Process]:
-    """The Dask worker processes of the LocalCluster ``proc`` started (its nannies live in ``proc``
-    and spawn them with multiprocessing)."""
-    out = []
-    for p in psutil.Process(proc.pid).children(recursive=True):
+def test_a_dask_worker_killed_mid_chain_loses_no_cell(cli, dask_address, tmp_path, clean):
+    """SIGKILL of a Dask worker process while it holds a bundle, once the first net is stored (the
+    session's cluster, which the run attaches to): its nanny starts a new one, its bundle runs again,
+    and the run completes with every cell of both stages written once, equal to a clean run."""
+    from distributed import Client
+
+    path, store = _write(tmp_path, chain("worker", workers=2)), tmp_path / "w.zarr"
+    killed, stop = [], threading.Event()
+
+    def kill_a_busy_worker(client):  # in a thread while the run computes in this process's main thread
+        pids = client.run(os.getpid)  # worker address -> its process
+        while not stop.wait(0.05):
+            if 1 <= _done(store, "nets") < TOTAL["nets"]:
+                busy = [addr for addr, keys in client.processing().items() if keys]
+                if busy:
+                    proc = psutil.Process(pids[busy[0]])
+                    killed.append((busy[0], proc.pid, _done(store, "nets")))
+                    proc.send_signal(signal.SIGKILL)
+                    return
+
+    with Client(dask_address, timeout=30, set_as_default=False) as client:
+        assert len(client.scheduler_info(n_workers=-1)["workers"]) == 2
+        killer = threading.Thread(target=kill_a_busy_worker, args=(client,))
+        killer.start()
         try:
-            if "spawn_main" in " ".join(p.cmdline()):
-                out.append(p)
-        except psutil.Error:
-            continue
-    return out
-
-
-def test_a_dask_worker_killed_mid_chain_loses_no_cell(prefect_server, cli, tmp_path, clean):
-    """SIGKILL of a busy Dask worker process once the first net is stored: its nanny starts a new
-    one, its bundle runs again, and the run completes with every cell of both stages written once,
-    equal to a clean run."""
-    path = tmp_path / "chain.yaml"
-    path.write_text(yaml.safe_dump(chain("resume", workers=2)))
-    store = tmp_path / "w.zarr"
-    out = tmp_path / "w.json"
-    proc = subprocess.Popen([*cli.argv, "run", str(path), "--store", str(store), "--json", str(out)], cwd=cli.root,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and proc.poll() is None and _done(store, "nets") < 1:
-            time.sleep(0.02)
-        workers = _dask_workers(proc)
-        assert _done(store, "nets") < TOTAL["nets"]
-        assert len(workers) == 2, workers
-        busy = max(workers, key=lambda p: p.cpu_times().user)
-        busy.send_signal(signal.SIGKILL)
-        _, err = proc.communicate(timeout=400)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 0, err[-3000:]
-    stats = {s["group"]: s for s in json.loads(out.read_text())}
+            stats = _run(cli, path, store, tmp_path, "w")
+        finally:
+            stop.set()
+            killer.join()
+        client.wait_for_workers(2, timeout=120)  # the nanny's new worker: the session's cluster is whole again
+        assert killed and killed[0][1] not in client.run(os.getpid).values(), killed
+    assert killed[0][2] < TOTAL["nets"], killed  # killed mid-chain, with a bundle on it
     for group, total in TOTAL.items():
         assert (stats[group]["written"], stats[group]["failed"], stats[group]["refused_done"]) == (total, 0, 0)
-    _same(_values(store), clean)
+    _same_as_clean(store, clean)

@@ -13,8 +13,8 @@ import pytest
 from storage.query import status
 
 CFG = {"experiment": "train", "name": "full", "grid": {"seed": {"range": [0, 12]}},
-       "params": {"d": 400, "m": 10, "width": 128, "target_loss": 1.0e-3},
-       "runner": {"workers": 1, "bundle_size": 4}}  # ~400 kB of nets a cell: the disk fills after a few
+       "params": {"d": 400, "m": 10, "width": 128, "target_loss": 1.0e-3, "max_iters": 100},
+       "runner": {"workers": 1, "bundle_size": 4}}  # ~400 kB of nets a cell, trained or not: the disk fills after a few
 
 
 @pytest.fixture
@@ -29,9 +29,10 @@ def tiny_disk(tmp_path):
 
 
 @pytest.mark.requires_services
-def test_a_full_disk_ends_the_run_in_one_line_and_the_rerun_resumes(cli, write_config, tiny_disk, tmp_path):
+def test_a_full_disk_ends_the_run_in_one_line_and_the_rerun_resumes(cli, prefect_server, write_config, tiny_disk,
+                                                                    tmp_path):
     path, store = write_config(CFG), tiny_disk / "s.zarr"
-    env = {"PREFECT_HOME": str(tmp_path / "home")}
+    env = {"PREFECT_HOME": str(tmp_path / "home")}  # a process of its own: its exit status, every line it prints
     res = cli.run("run", path, "--store", store, env=env, timeout=600)
     assert res.returncode == 2, res.stderr[-3000:]
     errors = [ln for ln in res.stderr.splitlines() if ln.startswith("kktlab: error:")]
@@ -39,9 +40,9 @@ def test_a_full_disk_ends_the_run_in_one_line_and_the_rerun_resumes(cli, write_c
     assert "rerun the same command" in errors[0] and "Traceback" not in res.stderr
     done = status(store)[0]["done"]
     assert 0 < done < 12 and f"full: {done}/12" in errors[0]
-    verify = cli.run("verify", store, env=env, timeout=300)
+    verify = cli.run("verify", store, timeout=300)
     assert verify.returncode == 0, verify.stdout + verify.stderr  # nothing marked done that is not stored
     subprocess.run(["mount", "-o", "remount,size=64m", str(tiny_disk)], check=True)  # space freed
-    again = cli.run("run", path, "--store", store, env=env, timeout=600)
+    again = cli.run("run", path, "--store", store, timeout=600)  # in this process, on the session's services
     assert again.returncode == 0, again.stderr[-3000:]
     assert status(store)[0]["done"] == 12 and os.path.isdir(store)

@@ -12,6 +12,15 @@ import pytest
 pytestmark = [pytest.mark.requires_services, pytest.mark.slow]
 
 
+def _command(proc: psutil.Process) -> str:
+    """``proc``'s command line; "" for a child that ended meanwhile (gone, or a zombie not yet reaped:
+    psutil cannot read its command line, and it is neither the server nor its watchdog)."""
+    try:
+        return " ".join(proc.cmdline())
+    except psutil.Error:
+        return ""
+
+
 def test_embedded_server_dies_with_a_killed_run(cli, tmp_path, monkeypatch):
     import os
 
@@ -25,8 +34,8 @@ def test_embedded_server_dies_with_a_killed_run(cli, tmp_path, monkeypatch):
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and watchdog is None and proc.poll() is None:
             kids = psutil.Process(proc.pid).children(recursive=True)
-            server = next((k for k in kids if "uvicorn" in " ".join(k.cmdline())), None)
-            watchdog = next((k for k in kids if "getppid" in " ".join(k.cmdline())), None)  # once the server is up
+            server = next((k for k in kids if "uvicorn" in _command(k)), None)
+            watchdog = next((k for k in kids if "getppid" in _command(k)), None)  # once the server is up
             time.sleep(0.2)
         assert server is not None and watchdog is not None, "no embedded server (and watchdog) started"
     finally:

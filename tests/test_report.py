@@ -52,10 +52,19 @@ def complete(cfg, vals: dict) -> dict:
     return {**out, **vals}
 
 
+def write_cells(store, cells: list) -> None:
+    """Write (index, values) pairs and mark them done as a worker and its flow do for one bundle
+    (``write_many`` then ``mark_many``, as ``write_cell`` does cell by cell, in one pass: writing
+    the 96 synthetic cells one at a time was a third of this module's CPU time)."""
+    indices = [i for i, _ in cells]
+    assert store.mark_many(indices, store.write_many(indices, [v for _, v in cells])) == [True] * len(cells)
+
+
 def write_fig1a(path):
     cfg = config.parse({"experiment": "nonrobust", "name": "fig1a",
                         "grid": {"alpha": list(ALPHAS), "d": list(DS), "seed": list(SEEDS)}, "params": {"width": 8}})
     store = open_store(cfg, path, "cpu")
+    cells = []
     for ia, a in enumerate(ALPHAS):
         for idd, d in enumerate(DS):
             for s in SEEDS:
@@ -69,7 +78,8 @@ def write_fig1a(path):
                     vals.update(status=2, c_star=100.0, log10_loss=-10.0, margin_frac=0.1)
                 elif key == INF:
                     vals.update(c_star=math.inf)
-                store.write_cell((ia, idd, s), complete(cfg, vals))
+                cells.append(((ia, idd, s), complete(cfg, vals)))
+    write_cells(store, cells)
 
 
 def write_widths(path, name, shift):
@@ -77,12 +87,14 @@ def write_widths(path, name, shift):
     cfg = config.parse({"experiment": "nonrobust", "name": name, "grid": {
         "alpha": [0.5, 1.0], "d": [16, 64], "width": [8, 16], "seed": [0, 1, 2]}, "params": {}})
     store = open_store(cfg, path, "cpu")
+    cells = []
     for ia, a in enumerate((0.5, 1.0)):
         for idd, d in enumerate((16, 64)):
             for iw, w in enumerate((8, 16)):
                 for s in range(3):
                     c = 1.0 + 0.5 * a + 0.01 * d + 0.1 * (s - 1) + shift * (w == 16)
-                    store.write_cell((ia, idd, iw, s), complete(cfg, nonrobust_cell(a, d, s, c, 1.0 if a == 0.5 else 0.95)))
+                    cells.append(((ia, idd, iw, s), complete(cfg, nonrobust_cell(a, d, s, c, 1.0 if a == 0.5 else 0.95))))
+    write_cells(store, cells)
 
 
 FORGING_EPS, FORGING_D = (1e-3, 3e-3, 1e-2), (2, 3)
@@ -95,6 +107,7 @@ def write_forging(path):
         "estimator": ["exact", "naive_mc"], "d": list(FORGING_D), "eps": list(FORGING_EPS), "seed": [0, 1]},
         "params": {"model": "linreg", "domain": "slab", "A": 1.0}})
     store = open_store(cfg, path, "cpu")
+    cells = []
     for ie, est in enumerate(("exact", "naive_mc")):
         for idd, d in enumerate(FORGING_D):
             for ix, eps in enumerate(FORGING_EPS):
@@ -102,13 +115,14 @@ def write_forging(path):
                     exact = d * math.log(eps) + 0.5
                     lv = exact if est == "exact" else exact + 0.05 * s + (0.5 if (d, eps, s) == OFF_SE else 0.0)
                     low17 = est == "exact" and (d, eps, s) == LOW17
-                    store.write_cell((ie, idd, ix, s), complete(cfg, {
+                    cells.append(((ie, idd, ix, s), complete(cfg, {
                         "log_volume": lv, "log_volume_stderr": 0.0 if est == "exact" else 0.1,
                         "log_volume_exact": exact, "log_bound_eq16": exact + 0.3,
                         "log_bound_eq17_corrected": exact - 0.1 if low17 else exact + 0.2,
                         "log_bound_eq17_paper": exact - 1.0 if d == 3 else exact + 0.2,
                         "nullity": 1.0, "predicted_exponent": float(d), "thm2_exponent": d / 2,
-                        "tube_exponent": float(d), "grad_norm": 1.0, "status": 0.0}))
+                        "tube_exponent": float(d), "grad_norm": 1.0, "status": 0.0})))
+    write_cells(store, cells)
 
 
 @pytest.fixture(scope="module")

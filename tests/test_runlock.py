@@ -251,13 +251,18 @@ def test_run_wait_waits_before_any_server_starts(tmp_path, holder_proc, write_co
 SUBMIT_ENV = {"PREFECT_API_URL": "http://127.0.0.1:9/api"}  # nothing listens: any call to the server fails
 
 
-def test_submit_of_a_running_config_is_refused_with_its_url_before_the_server_is_asked(cli, write_config, tmp_path,
-                                                                                      holder_proc):
+def test_submit_of_a_running_config_is_refused_with_its_url_before_the_server_is_asked(write_config, tmp_path,
+                                                                                      holder_proc, monkeypatch):
     """Issue 30 item 5: ``kktlab submit`` of a config one of whose groups a run is computing stops in
-    one line naming that run and its page, before the server is asked anything or a run queued."""
+    one line naming that run and its page, before the server is asked anything or a run queued (in
+    this process, its server one where nothing listens, as ``submit`` reads it: ``$PREFECT_API_URL``)."""
+    from conftest import _run_here
+
     path, store = write_config(CFG), tmp_path / "s.zarr"
     holder_proc(store, "twice")
-    res = cli.run("submit", path, "--store", store, env=SUBMIT_ENV, timeout=120)
+    for name, value in SUBMIT_ENV.items():
+        monkeypatch.setenv(name, value)
+    res = _run_here(("submit", str(path), "--store", str(store)))
     lines = res.stderr.strip().splitlines()
     assert res.returncode == 2 and len(lines) == 1, res.stderr[-3000:]
     assert lines[0] == f"kktlab: error: {runlock.refusal(store, 'twice', runlock.holder(store, 'twice'))}"
@@ -275,8 +280,7 @@ def test_submit_wait_waits_for_the_running_one_then_goes_on(cli, write_config, t
     try:
         first = sub.stderr.readline()
         assert f"waiting for the run computing group 'twice' of {store} (pid {a.pid}@" in first, first
-        time.sleep(1.0)
-        assert sub.poll() is None, "submit --wait did not wait"
+        assert sub.poll() is None, "submit --wait did not wait"  # (and "is free after" below: until the holder went)
         a.kill()
         a.wait()
         rest = sub.communicate(timeout=120)[1]

@@ -13,6 +13,7 @@ import shutil
 import numpy as np
 import pytest
 
+from conftest import mismatches, store_values
 from flows import config
 from flows.sweep import open_store, plan
 from kktlab.cli import main as kktlab_main
@@ -105,9 +106,22 @@ BLOCK_DAMAGE = {
 }
 
 
+@pytest.fixture(scope="module")
+def pristine_blocks(tmp_path_factory):
+    return make_store(tmp_path_factory.mktemp("pristine_blocks") / "s.zarr", chunk_cells=2)
+
+
+@pytest.fixture
+def blocks(pristine_blocks, tmp_path):
+    """(config, Store) of a fresh copy of the module's filled store chunked by blocks of two cells."""
+    cfg, store = pristine_blocks
+    shutil.copytree(store.path, tmp_path / "s.zarr")
+    return cfg, Store(tmp_path / "s.zarr", cfg.name)
+
+
 @pytest.mark.parametrize("damage", list(BLOCK_DAMAGE))
-def test_a_damaged_block_chunk_names_each_of_its_cells_and_only_those_are_recomputed(damage, tmp_path):
-    cfg, store = make_store(tmp_path / "s.zarr", chunk_cells=2)
+def test_a_damaged_block_chunk_names_each_of_its_cells_and_only_those_are_recomputed(damage, blocks, tmp_path):
+    cfg, store = blocks
     assert store.block() == (1, 1, 2) and store.verify().ok
     corrupt, cells, problem = BLOCK_DAMAGE[damage]
     corrupt(tmp_path / "s.zarr" / cfg.name)
@@ -118,10 +132,10 @@ def test_a_damaged_block_chunk_names_each_of_its_cells_and_only_those_are_recomp
     assert store.verify(cfg.exp).ok
 
 
-def test_a_bundle_writes_each_chunk_of_its_block_once_and_keeps_the_other_cells(tmp_path):
+def test_a_bundle_writes_each_chunk_of_its_block_once_and_keeps_the_other_cells(blocks, tmp_path):
     """storage/blocks.py: a block chunk a bundle covers whole is written without reading; one that
     holds cells of another run (a resumed block) is read, updated and written back."""
-    cfg, store = make_store(tmp_path / "s.zarr", chunk_cells=2)
+    cfg, store = blocks
     c_star = np.asarray(open_results(tmp_path / "s.zarr").c_star)
     store.mark_not_done([(0, 0, 1)])
     vals = {name: (np.arange(5, dtype=var.dtype) if var.dims else np.asarray(9, dtype=var.dtype))
@@ -235,7 +249,7 @@ TINY = {
     "experiment": "nonrobust",
     "name": "tiny",
     "grid": {"d": [12], "alpha": [0.5, 1.0], "seed": [0, 1]},
-    "params": {"width": 16, "lr0": 0.01, "lr_period": 10, "target_loss": 1.0e-12},
+    "params": {"width": 16, "lr0": 0.01, "lr_period": 10, "target_loss": 1.0e-6},
     "runner": {"cluster": "inline", "workers": 1, "bundle_size": 2},
 }
 
@@ -250,7 +264,7 @@ def test_corrupted_run_is_named_then_repaired_by_a_rerun(cli, prefect_server, wr
         return res, json.loads((tmp_path / f"stats{n}.json").read_text())
 
     run(0)
-    clean = open_results(store).load()
+    clean = store_values(store)
     assert json.loads((g / "zarr.json").read_text())["attributes"]["kktlab_block"] == [1, 1, 2]  # bundle_size 2
     flip_byte(g / "q_sample/c/0/1/0/0")  # the block of d=12, alpha=1.0: seeds 0 and 1
     verify = cli.run("verify", store)
@@ -277,8 +291,4 @@ def test_corrupted_run_is_named_then_repaired_by_a_rerun(cli, prefect_server, wr
 
     verify = cli.run("verify", store)
     assert verify.returncode == 0 and "4 of 4 cells done and sound, ok" in verify.stdout, verify.stdout
-    repaired = open_results(store)
-    for name in clean.data_vars:
-        if name not in schema.NOT_HASHED:  # timings, when and where a cell was written
-            np.testing.assert_allclose(repaired[name].values.astype(float), clean[name].values.astype(float),
-                                       rtol=1e-9, atol=0, equal_nan=True, err_msg=name)
+    assert mismatches(store_values(store), clean, skip=()) == {}  # (timings, when and where: not compared)
