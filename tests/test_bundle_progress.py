@@ -184,7 +184,7 @@ def test_a_long_bundle_shows_its_progress_while_it_runs_and_kktlab_cancel_stops_
 def test_a_served_run_whose_bundles_a_cancel_request_stopped_ends_cancelled(tmp_path, monkeypatch):
     """flows/served.py: a cancel request that stops the bundles before the Prefect worker stops the
     flow process (or with no worker acting on Cancelling at all) ends the run Cancelled, not Failed;
-    tests/test_served_cancel.py cancels a served run end to end."""
+    tests/test_served.py cancels a served run end to end."""
     import yaml
 
     from flows import served, sweep

@@ -1,14 +1,19 @@
-"""Served mode a lab can leave overnight (issue 30).
+"""Served mode a lab can leave overnight (issue 30), and faults with real processes; none of these
+needs a ``prefect server start`` of its own (tests/test_served.py has the served drills on one shared
+server: the watch riding out a server restart among them).
 
-- A: a served run and ``kktlab submit --watch`` ride out a restart of a real ``prefect server start``
-  (same port, same SQLite database): the run ends Completed, the watch says so and exits 0; a server
-  that stays lost past the bound ends in one line (the URL, ``kktlab status STORE``) and exit 4, no
-  traceback;
+- A: a server that stays lost past the bound ends ``--watch`` in one line (the URL, ``kktlab status
+  STORE``) and exit 4, no traceback;
 - B: a stage's elapsed time and ETA count from its first running bundle (fake clock);
 - C: a run's root flow run is named ``<config> @ <store>`` and tagged; it holds exactly one progress
   card per stage (updated in place), a table of the stages' counts and the store path with the
   ``kktlab report`` command; a second run of the same config to the same store carries the same
-  artifact keys, each once (no new key, no duplicate).
+  artifact keys, each once (no new key, no duplicate);
+- a real ``dask scheduler`` + two ``dask worker`` processes; one worker is SIGKILLed mid-sweep (while
+  each worker holds a bundle at a gate) and the sweep still writes every cell exactly once, equal to
+  the kernels run directly;
+- two sweeps (two processes, on the session's Dask cluster) writing different experiment groups into
+  one store at the same time: nothing lost.
 """
 
 from __future__ import annotations
@@ -18,17 +23,16 @@ import json
 import os
 import signal
 import subprocess
-import threading
 import time
 
+import numpy as np
 import pytest
 
+from deploy import dask as dask_specs
 from deploy import launch
-
-CHAIN = {"runner": {"workers": 1, "bundle_size": 1}, "stages": [
-    {"name": "nets", "experiment": "train", "grid": {"d": [16], "seed": [0, 1]},
-     "params": {"width": 16, "lr0": 0.01, "lr_period": 10, "target_loss": 1.0e-10}},
-    {"name": "robustness", "experiment": "universal_attack", "from": "nets", "grid": {"attack": ["margin_direction"]}}]}
+from flows import config, experiments
+from served_support import CHAIN, TINY
+from storage.query import open_results, status
 
 
 # --- B ------------------------------------------------------------------------------------------
@@ -85,81 +89,6 @@ def test_watch_gives_up_on_a_lost_server_in_one_line(capsys):
     assert code == served.EXIT_LOST == 4 and time.monotonic() - t0 < 20
     assert len(err.strip().splitlines()) == 1 and api in err and "`kktlab status /data/s.zarr`" in err, err
     assert "Traceback" not in err
-
-
-# --- A: a restart -------------------------------------------------------------------------------
-def _lines(proc, sink: list) -> None:
-    for line in proc.stdout:
-        sink.append(line)
-
-
-def _cells_done(store) -> int:
-    from storage.query import status
-
-    try:
-        return sum(r["done"] for r in status(store))
-    except Exception:  # noqa: BLE001 - no store yet
-        return 0
-
-
-def _kill(proc) -> None:
-    os.killpg(proc.pid, signal.SIGKILL)  # the server goes away, no goodbye
-    proc.wait(30)
-
-
-@pytest.mark.requires_services
-@pytest.mark.slow
-def test_watch_rides_out_a_server_restart(cli, tmp_path, write_config):
-    port, home = launch.free_port(), tmp_path / "prefect-home"  # its SQLite database outlives the restart
-    server, env = launch.prefect_server(home, port, tmp_path / "server.log")
-    worker = watcher = None
-    try:
-        dep = cli.run("deploy", "--pool", "kktlab-watch", env=env, timeout=180)
-        assert dep.returncode == 0, dep.stderr[-2000:]
-        wenv = dict(env)  # Prefect's default client retries, as `make worker` has them (deploy/api_retry.py)
-        worker = launch.start([f"{launch.BIN}/prefect", "worker", "start", "--pool", "kktlab-watch", "--type",
-                               "process"], tmp_path / "pworker.log", wenv)
-        store = tmp_path / "watched.zarr"
-        watcher = subprocess.Popen([*cli.argv, "submit", str(write_config(dict(CHAIN, name="watched"))), "--store",
-                                    str(store), "--watch"], cwd=cli.root, env=dict(os.environ, **env),
-                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        out: list[str] = []
-        threading.Thread(target=_lines, args=(watcher, out), daemon=True).start()
-        deadline = time.monotonic() + 150
-        while not any(": Running" in line for line in out) and time.monotonic() < deadline and watcher.poll() is None:
-            time.sleep(0.2)
-        assert any(": Running" in line for line in out), "".join(out)
-        assert _cells_done(store) < 4  # the restart comes while the run goes on (2 nets + 2 robustness cells)
-        _kill(server)
-        time.sleep(4.0)
-        server, _ = launch.prefect_server(home, port, tmp_path / "server2.log")
-        code = watcher.wait(300)
-        time.sleep(0.5)
-        text = "".join(out)
-        assert "waiting for the Prefect server at" in text and f"127.0.0.1:{port}/api" in text, text[-4000:]
-        assert "answers again" in text and "Traceback" not in text, text[-4000:]
-        # the run's true final state, as the restarted server has it, and the matching exit code
-        from prefect.client.orchestration import get_client
-        from prefect.settings import PREFECT_API_URL, temporary_settings
-
-        run_id = text.split("(", 1)[1].split(")", 1)[0]
-        with temporary_settings(updates={PREFECT_API_URL: env["PREFECT_API_URL"]}):
-            with get_client(sync_client=True) as client:
-                final = client.read_flow_run(run_id).state
-        print(f"the run across the server restart: {final.name}, --watch exit {code}")  # shown by pytest -rA
-        # the run itself rides out the restart too: Prefect clients made while the server was away
-        # retry (deploy/api_retry.py), so it ends Completed and --watch says so with exit 0
-        assert final.is_completed(), (final.name, text[-4000:], (tmp_path / "pworker.log").read_text()[-4000:])
-        assert text.rstrip().count(f": {final.name}\n") + text.rstrip().endswith(final.name) >= 1
-        assert code == 0, (final.name, text[-4000:])
-        assert "cells: 2/2 done" in text, text[-4000:]  # the summary tables, read from the store
-        assert _cells_done(store) == 4
-    finally:
-        if watcher is not None and watcher.poll() is None:
-            watcher.kill()
-        if worker is not None:
-            launch.stop(worker)
-        launch.stop(server)
 
 
 # --- C ------------------------------------------------------------------------------------------
@@ -221,3 +150,72 @@ def _check_first_run(runs, artifacts, store: str) -> None:
     assert rows["robustness"]["experiment"] == "universal_attack" and rows["robustness"]["written"] == 2
     results = lines["kktlab-chain-results"]
     assert f"kktlab report {store} --out DIR" in results and f"kktlab status {store}" in results, results
+
+
+# --- faults with real processes ----------------------------------------------------------------
+@pytest.mark.requires_services
+def test_sweep_survives_sigkill_of_a_dask_worker(cli, tmp_path, write_config, prefect_server, monkeypatch):
+    from distributed import Client
+
+    gate = tmp_path / "gate"  # every bundle waits at it (flows/sweep.py wait_at_gate): the kill comes while
+    gate.touch()  # both workers hold one, whatever the machine's speed
+    monkeypatch.setenv("KKTLAB_GATE", str(gate))  # the Dask workers' environment
+    with launch.dask_cluster(2, tmp_path) as (address, _, workers):
+        # bundles are cut for the workers the scheduler has (at least one each)
+        assert dask_specs.worker_count({"cluster": "address", "address": address}) == 2
+        path = write_config(dict(TINY, name="dk", grid={"d": [20], "seed": list(range(6))}))
+        store = tmp_path / "dk.zarr"
+        env = dict(os.environ, PREFECT_RESULTS_LOCAL_STORAGE_PATH=str(tmp_path / "res"))
+        runner = subprocess.Popen([*cli.argv, "run", str(path), "--store", str(store), "--dask-address", address,
+                                   "--json", str(tmp_path / "stats.json")], cwd=cli.root, env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            with Client(address, timeout=30) as client:
+                names = {a: w["name"] for a, w in client.scheduler_info(n_workers=-1)["workers"].items()}
+
+                def busy() -> set:
+                    return {names.get(a) for a, keys in client.processing().items() if keys}
+
+                deadline = time.monotonic() + 240
+                while time.monotonic() < deadline and runner.poll() is None and not (
+                        busy() >= {"w0", "w1"} and (tmp_path / "gate.reached").exists()):
+                    time.sleep(0.2)
+                assert busy() >= {"w0", "w1"}, runner.poll()  # each worker holds a bundle at the gate
+            os.killpg(workers[0].pid, signal.SIGKILL)  # the nanny and its worker, no goodbye, mid-bundle
+        finally:
+            gate.unlink()
+        out, _ = runner.communicate(timeout=400)
+        assert runner.returncode == 0, out[-3000:]
+        stats = json.loads((tmp_path / "stats.json").read_text())
+        assert stats["written"] == 6 and stats["refused_done"] == 0
+        ds = open_results(store)
+        assert bool(ds.done.all())
+        cfg = config.load(path)
+        exp = experiments.get("nonrobust")
+        for cell in cfg.cells():  # the same cells run directly, in this process
+            ref = exp.run_bundle([cell], "cpu")[0]
+            got = ds.sel(d=cell["d"], seed=cell["seed"])
+            for name in ("c_star", "iters", "gamma", "kkt_eps", "margin_frac"):
+                np.testing.assert_allclose(float(got[name]), float(ref[name]), rtol=1e-9, err_msg=name)
+
+
+@pytest.mark.requires_services
+def test_two_experiments_into_one_store_concurrently(cli, tmp_path, write_config, dask_address):
+    """A nonrobust sweep and a forging sweep write one store at the same time (two processes, their
+    bundles on the session's Dask workers): nothing lost."""
+    store = tmp_path / "shared.zarr"
+    a = write_config(dict(TINY, name="groupa", grid={"d": [12, 16], "seed": [0, 1, 2]}), "a.yaml")
+    b = write_config({"experiment": "forging", "name": "groupb",
+                      "grid": {"d": [2, 3], "eps": [0.1, 0.3], "estimator": ["exact", "naive_mc"]},
+                      "params": {"model": "linreg", "n_samples": 500}, "runner": {"workers": 1}}, "b.yaml")
+    env = dict(os.environ, KKTLAB_DASK_ADDRESS=dask_address)
+    procs = [subprocess.Popen([*cli.argv, "run", str(p), "--store", str(store)], cwd=cli.root, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for p in (a, b)]
+    outs = [p.communicate(timeout=400)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [o[-2000:] for o in outs]
+    got = {r["group"]: (r["experiment"], r["done"], r["total"]) for r in status(store)}
+    assert got == {"groupa": ("nonrobust", 6, 6), "groupb": ("forging", 8, 8)}
+    ds = open_results(store, "groupa")
+    assert np.isfinite(ds.c_star.values).all() and (ds.status == 1).all()
+    fg = open_results(store, "groupb")
+    assert np.isfinite(fg.log_volume.sel(estimator="exact").values).all()
