@@ -139,7 +139,8 @@ def _panels(ds: xr.Dataset, out: pathlib.Path, prefix: str, by: str, fixed: dict
             plug = _mean(sub, "med_t_thm", ("d", by)).sel({by: da[by].values.max()}).values
             ax.loglog(d, plug, "g-.", label="G-plugin (median t_thm)")
         ax.set_xlabel("d")
-        ax.set_ylabel(LABEL[var] + " (median over test points)")
+        points = "training" if "over training points" in ds[var].attrs.get("description", "") else "test"
+        ax.set_ylabel(f"{LABEL[var]} (median over {points} points)")
         paths.append(finish(fig, ax, out / f"{prefix}{tag}_{var}.png", f"{tag}: {LABEL[var]} vs d\n{caption(agg)}"))
     return paths
 
@@ -188,34 +189,63 @@ def threshold(x: np.ndarray, rta: np.ndarray, level: float = 0.5) -> float:
     return float("nan")
 
 
+def _settings(ds: xr.Dataset, var: str, axes: tuple[str, ...]) -> list[str]:
+    """The axes of ``var`` besides ``axes``, the nets and the within-net repeats that have several
+    values: each value a figure of its own (never averaged into one, issue 40)."""
+    return [x for x in ds[var].dims if x not in axes + ("seed",) + WITHIN_NET and ds.sizes[x] > 1]
+
+
+def _suffix(at: dict) -> str:
+    return "".join(f"_{k}{_fmt(v)}" for k, v in at.items())
+
+
+def _heatmap(ds: xr.Dataset, axes: tuple[str, str], path: pathlib.Path, title: str, xs, ref) -> list[tuple]:
+    """(fig, ax, path, title) of Fig 4's RTA over the grid ``axes`` (x, y), one figure per setting of
+    the other axes (file ``<path stem>_<axis><value>...``), each net first averaged over its repeats;
+    the caption says over what (storage/stats.caption)."""
+    settings = _settings(ds, "rta", axes)
+    agg = _spread(ds, "rta", (*axes, *settings))
+    out = []
+    for at in _combos(agg, settings):
+        one = agg.sel(at) if at else agg
+        da = one.estimate
+        fig, ax = plt.subplots(figsize=(4.6, 3.8))
+        x = xs(da[axes[0]].values.astype(float))
+        im = ax.pcolormesh(x, da[axes[1]].values, da.transpose(axes[1], axes[0]).values, vmin=0, vmax=1,
+                           shading="nearest")
+        ref(ax, x, da[axes[0]].values.astype(float))
+        fig.colorbar(im, ax=ax, label=ds["rta"].attrs.get("long_name", "robust test accuracy").split(":")[0])
+        where = ", ".join(f"{k} = {_fmt(v)}" for k, v in at.items())
+        out.append((fig, ax, path.with_name(path.stem + _suffix(at) + path.suffix),
+                    f"{title}{' (' + where + ')' if where else ''}\n{caption(one)}"))
+    return out
+
+
 def pgd_figures(ds: xr.Dataset, out: pathlib.Path, prefix: str) -> list[pathlib.Path]:
     """Fig 4 left / right (or RTA vs R); nets adv_train returned untrained are left out, the title counts them."""
     paths = []
     gone = left_out(ds)
     gone = f"\n{gone}" if gone else ""
-    if "R" in ds.dims and "d" in ds.dims:  # Fig 4 left
-        da = _mean(ds, "rta", ("d", "R"))
-        fig, ax = plt.subplots(figsize=(4.6, 3.6))
-        im = ax.pcolormesh(np.sqrt(da["d"].values), da["R"].values, da.transpose("R", "d").values, vmin=0, vmax=1,
-                           shading="nearest")
-        k = np.sqrt(da["d"].values.astype(float))
+
+    def left_ref(ax, k, d):
         ax.plot(k, 5 / k, "g--", label="5/√d", gid=REFERENCE)
-        fig.colorbar(im, ax=ax, label="robust test accuracy")
         ax.set_xlabel("√d")
         ax.set_ylabel("||δ||")
-        paths.append(finish(fig, ax, out / f"{prefix}fig4_left.png", "Fig 4 left: RTA over (d, ||δ||)" + gone))
-    if "V" in ds.dims and "m" in ds.dims:  # Fig 4 right
-        da = _mean(ds, "rta", ("m", "V"))
-        fig, ax = plt.subplots(figsize=(4.6, 3.6))
-        im = ax.pcolormesh(da["m"].values, da["V"].values, da.transpose("V", "m").values, vmin=0, vmax=1,
-                           shading="nearest")
-        m = da["m"].values.astype(float)
+
+    def right_ref(ax, m, _):
         ax.plot(m, 25 / np.sqrt(m), "g--", label="25/√m", gid=REFERENCE)
         ax.set_xscale("log")
-        fig.colorbar(im, ax=ax, label="robust test accuracy")
         ax.set_xlabel("m")
         ax.set_ylabel("V")
-        paths.append(finish(fig, ax, out / f"{prefix}fig4_right.png", "Fig 4 right: RTA over (m, V)" + gone))
+
+    if "R" in ds.dims and "d" in ds.dims:  # Fig 4 left
+        for fig, ax, path, title in _heatmap(ds, ("d", "R"), out / f"{prefix}fig4_left.png",
+                                             "Fig 4 left: RTA over (d, ||δ||)", np.sqrt, left_ref):
+            paths.append(finish(fig, ax, path, title + gone))
+    if "V" in ds.dims and "m" in ds.dims:  # Fig 4 right
+        for fig, ax, path, title in _heatmap(ds, ("m", "V"), out / f"{prefix}fig4_right.png",
+                                             "Fig 4 right: RTA over (m, V)", lambda m: m, right_ref):
+            paths.append(finish(fig, ax, path, title + gone))
     if "R" in ds.dims and not paths:  # RTA against R (CI-size stores)
         # one line per value of every axis but R, the seeds and the within-net axes (restarts, points):
         # a chain's unlearning methods and α are never pooled into one line (issue 40)
@@ -226,9 +256,9 @@ def pgd_figures(ds: xr.Dataset, out: pathlib.Path, prefix: str) -> list[pathlib.
             label = ", ".join(f"{k} = {_fmt(v)}" for k, v in at.items())
             _bars(ax, agg["R"].values, agg.sel(at).transpose("R"), "o-", label)
         ax.set_xlabel("||δ||")
-        ax.set_ylabel("robust test accuracy")
-        paths.append(finish(fig, ax, out / f"{prefix}rta_vs_R.png",
-                            f"robust test accuracy vs budget\n{caption(agg)}" + gone))
+        what = ds["rta"].attrs.get("long_name", "robust test accuracy").split(":")[0]  # training points: points: train
+        ax.set_ylabel(what)
+        paths.append(finish(fig, ax, out / f"{prefix}rta_vs_R.png", f"{what} vs budget\n{caption(agg)}" + gone))
     return paths
 
 

@@ -88,6 +88,14 @@ def test_pgd_rta_names_the_points_it_attacked(points, word):
     assert ds.rta.attrs["description"].startswith(word) and ds.rta.attrs["long_name"].startswith(word)
 
 
+@pytest.mark.parametrize("points, word", [("test", "test"), ("train", "training")])
+def test_single_step_names_the_points_it_attacked(points, word):
+    ds = _template("single_step", {"points": points})
+    assert ds.test_acc.attrs["long_name"] == f"clean {word} accuracy"
+    assert ds.flip_frac.attrs["description"].startswith(f"fraction of {word} points")
+    assert ds.med_delta_rel.attrs["description"].startswith(f"median over {word} points")
+
+
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     """A nonrobust group with one cell written and one failed; its tests only read it (made once)."""

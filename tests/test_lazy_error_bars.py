@@ -103,3 +103,29 @@ def test_pgd_lines_never_pool_a_chain_axis(drawn, tmp_path):
     one = ds.rta.sel({"method": "ga", "alpha": 1.0, "R": 0.1}).values
     half = T975_2 * one.std(ddof=1) / np.sqrt(3)
     np.testing.assert_allclose(bar, [one.mean() - half, one.mean() + half], rtol=1e-12)
+
+
+def test_fig4_draws_one_heatmap_per_setting_of_another_axis_and_says_what_it_averaged(drawn, tmp_path):
+    """Issue 40: Fig 4 left over (d, R) of a group with a C0 axis and restarts: one heatmap per C0
+    (never their mean), each cell the mean over the nets of each net's restarts, the title saying so."""
+    ds = _group({"d": D, "R": R, "C0": C0, "seed": [0, 1, 2], "restarts": [0, 1]}, ("rta",))
+    figs.pgd_figures(ds, tmp_path, "")
+    assert len(drawn) == len(C0)
+    for (ax, title), c0 in zip(drawn, C0):
+        assert f"(C0 = {c0:g})" in title and "n = 3 per point" in title and "restarts averaged within each net" in title
+        want = ds.rta.sel(C0=c0).mean("restarts").mean("seed").transpose("R", "d").values
+        np.testing.assert_allclose(np.asarray(ax.collections[0].get_array()).reshape(want.shape), want, rtol=1e-12)
+
+
+@pytest.mark.parametrize("word", ["test", "training"])
+def test_pgd_and_single_step_figures_name_the_points_attacked(word, drawn, tmp_path):
+    """Issue 40: a stage that attacked training points (``points: train``) is not labelled "test"."""
+    ds = _group({"R": R, "seed": [0, 1, 2]}, ("rta",))
+    ds["rta"].attrs["long_name"] = f"robust {word} accuracy: y f(x_adv) > 0 at the final PGD iterate"
+    figs.pgd_figures(ds, tmp_path, "")
+    steps = _single_step([0, 1, 2])
+    steps["med_delta_rel"].attrs["description"] = f"median over {word} points of delta_rel"
+    figs.single_step_figures(steps, tmp_path, "")
+    (pgd_ax, title), step_ax = drawn[0], drawn[1][0]
+    assert pgd_ax.get_ylabel() == f"robust {word} accuracy" and title.startswith(f"robust {word} accuracy vs budget")
+    assert step_ax.get_ylabel().endswith(f"(median over {word} points)")

@@ -294,6 +294,30 @@ def test_a_sigterm_prefect_raised_inside_pydantic_is_still_a_stop(monkeypatch):
     assert logging.getLogger("prefect").level == logging.CRITICAL
 
 
+def test_a_killed_runs_receipted_bundle_is_cut_as_it_was():
+    """Issue 40: twelve cells at bundle_size 5 are cut 5 + 5 + 2; a killed run that receipted cells
+    0 and 1 as one bundle gets that bundle back as it was (so its receipt is used, not recomputed),
+    and the other ten are cut as usual; a receipt for a cell already taken is left alone."""
+    import types
+
+    from flows.chain import Scheduler
+
+    cfg = _cfg(grid={"seed": list(range(12))}, runner={"cluster": "inline", "bundle_size": 5})
+    items = list(zip([(i,) for i in range(12)], cfg.cells()))
+
+    def cut(receipts):
+        sched = Scheduler.__new__(Scheduler)
+        sched.workers = 1
+        st = types.SimpleNamespace(cfg=cfg, up=None, receipts=list(receipts),
+                                   store=types.SimpleNamespace(block=lambda: (1,)))
+        return [[idx[0] for idx, _ in b] for b in sched._bundles(st, items)], st.receipts
+
+    plain, _ = cut([])
+    assert plain == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9], [10, 11]]
+    got, left = cut([("a.npz", [(0,), (1,)]), ("b.npz", [(1,), (2,)])])
+    assert got == [[0, 1], [2, 3, 4, 5, 6], [7, 8, 9, 10, 11]] and left == [("b.npz", [(1,), (2,)])]
+
+
 @pytest.mark.requires_services
 def test_a_rerun_that_bundles_otherwise_uses_the_killed_runs_receipts(prefect_server, tmp_path, clean):
     """Issue 29 item 3: a run killed after a worker wrote and receipted 2 of 6 cells; the rerun's

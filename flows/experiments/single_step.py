@@ -39,8 +39,8 @@ DOC = {
     "correct": "1 if y f(x) > 0", "delta_deepfool": "||delta|| of DeepFool-style linearisation (NaN: not run)",
 }
 V = {k: Var("1", DOC[k], dims=("point",)) for k in cell_fn.SAMPLE_VARS}
-V.update({f"med_{k}": Var("1", f"median over test points of {k}") for k in
-          ("delta_rel", "eta_star", "eta_rel", "gnorm", "rho", "t_ratio", "t_thm")})
+MEDIANS = ("delta_rel", "eta_star", "eta_rel", "gnorm", "rho", "t_ratio", "t_thm")
+V.update({f"med_{k}": Var("1", f"median over test points of {k}") for k in MEDIANS})
 V["med_delta_forgotten"] = Var("l2 norm", "median ||delta*|| over the points an upstream unlearn stage forgot (NaN: none)")
 V["med_delta_retained"] = Var("l2 norm", "median ||delta*|| over the other points")
 V["flip_frac"] = Var("1", "fraction of test points a positive step flips", finite=True)
@@ -86,6 +86,17 @@ def bundle_key(cell: dict) -> tuple:
     return tuple(sorted(cell.items()))
 
 
+def describe(params: dict, grid: dict) -> dict[str, str]:
+    """The medians, ``flip_frac`` and ``test_acc`` say which points were attacked: with ``points:
+    train`` the upstream's training points (issue 40), with both values on the grid either, by cell."""
+    points = {str(p) for p in grid.get("points", [params.get("points", "test")])}
+    which = ("training" if points == {"train"} else "test" if points == {"test"}
+             else "test or training (by the cell's points)")
+    out = {f"med_{k}": f"median over {which} points of {k}" for k in MEDIANS}
+    out.update(flip_frac=f"fraction of {which} points a positive step flips", test_acc=f"clean {which} accuracy")
+    return out
+
+
 EXPERIMENT = register(Experiment(
     name="single_step",
     figures="analysis.lazy",
@@ -93,7 +104,7 @@ EXPERIMENT = register(Experiment(
     paper="003 Wang, Ullah, Mianjy, Arora: Adversarial robustness is at odds with lazy training",
     description="exact minimal single gradient step flipping sign f on stored lazy nets + §2.11 diagnostics (reads 'nets')",
     params=P, variables=V, run_bundle=run_bundle, bundle_key=bundle_key, reads="nets", needs=needs,
-    extra_dims=extra_dims,
+    extra_dims=extra_dims, describe=describe,
     summary=("test_acc", "flip_frac", "med_delta_rel", "med_gnorm", "med_eta_star"),
     spec_ids=("E1", "E2", "E3", "X2", "X3", "X6"),
 ))
