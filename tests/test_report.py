@@ -5,6 +5,7 @@ averages, and the acceptance rows (spec 002 R1-R5, spec 000 P000-*) measure what
 from __future__ import annotations
 
 import math
+import warnings
 
 import matplotlib.image as mpimg
 import numpy as np
@@ -134,8 +135,10 @@ def built(tmp_path_factory):
     write_widths(path, "widthgap", 1.0)
     write_forging(path)
     echoed: list[str] = []
-    paths = report(path, root / "out", echo=echoed.append)
-    return path, root / "out", paths, echoed
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        paths = report(path, root / "out", echo=echoed.append)
+    return path, root / "out", paths, echoed, caught
 
 
 @pytest.fixture(scope="module")
@@ -163,8 +166,16 @@ PNGS = [f"{g}_{stem}.png" for g in ("fig1a", "good", "widthgap") for stem in
 # (paper 000 Fig. 1 comes from a forging_sgd store, tests/test_forging_experiment.py, not from a forging store)
 
 
+def test_report_warns_nothing_on_empty_or_infinite_slices(built):
+    """Issue 40: a store with a dead net, an inf, a pending cell and failing rows reports without a
+    numpy / dask RuntimeWarning ("Mean of empty slice", "invalid value"): every such case is counted
+    by the statistics layer, not warned about on the terminal."""
+    runtime = [f"{w.filename}:{w.lineno}: {w.message}" for w in built[4] if issubclass(w.category, RuntimeWarning)]
+    assert runtime == []
+
+
 def test_report_writes_exactly_the_expected_files(built):
-    _, out, paths, _ = built
+    _, out, paths, _, _ = built
     assert sorted(p.name for p in paths) == sorted(PNGS + ["index.md", "index.html"])
     # each PNG has its SVG twin beside it (not listed: it is the PNG's name with .svg), and nothing else is written
     svgs = [name.removesuffix(".png") + ".svg" for name in PNGS]
