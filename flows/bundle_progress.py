@@ -87,10 +87,11 @@ class Reporter:
         sync) is read only then (:func:`for_kernel`)."""
         return self.clock() - self.last_write >= self.every_s
 
-    def within(self, base: int, steps: int):
-        """The callable for one ``train(max_steps=steps)`` call that starts at step ``base``:
-        ``(done, of)`` inside the call -> ``steps=base + done/of * steps``."""
-        return lambda done, of: self(steps=base + (done * steps) // max(of, 1))
+    def within(self, base: int, steps: int, total: int | None = None):
+        """The callable for one ``train(max_steps=steps)`` call that starts at step ``base`` of
+        ``total``: ``(done, of)`` inside the call -> ``steps=base + done/of * steps`` (with its total,
+        so that no record says a step without the total it counts towards)."""
+        return lambda done, of: self(steps=base + (done * steps) // max(of, 1), total=total)
 
     def check_cancel(self) -> None:
         now = self.clock()

@@ -179,7 +179,7 @@ def train_bundle(cells: list[dict], device: str = "auto", checkpoint: str | None
         base, steps = (0 if state is None else int(state.iters.max())), cell_fn.chunk_steps(cells, sched)
         comp, t_piece = policy.choose(base, sched.max_iters - base), time.perf_counter()
         state = train.train(net_dev, Xd, yd, sched, mask=maskd, batch_generators=gens, state=state,
-                            max_steps=steps, compile=comp, progress=rep.within(base, steps))
+                            max_steps=steps, compile=comp, progress=rep.within(base, steps, sched.max_iters))
         policy.record(time.perf_counter() - t_piece, int(state.iters.max()) - base, comp)
         bundle_progress.train_report(rep, state, sched.max_iters, sched.target_loss)
         chunks += 1

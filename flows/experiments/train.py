@@ -180,7 +180,7 @@ def train_logged(cells: list[dict], device: str, checkpoint: str | None, sets: l
             step = min(t, (done // piece + 1) * piece)
             comp, t_piece = policy.choose(done, sched.max_iters - done), time.perf_counter()
             state = train.train(net_dev, Xd, yd, sched, mask=maskd, state=state, max_steps=step - done,
-                                compile=comp, progress=rep.within(done, step - done))
+                                compile=comp, progress=rep.within(done, step - done, sched.max_iters))
             policy.record(time.perf_counter() - t_piece, int(state.iters.max()) - done, comp)
             done = step
             bundle_progress.train_report(rep, state, sched.max_iters, sched.target_loss)
