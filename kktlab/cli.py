@@ -30,11 +30,11 @@ SHOWN_DAMAGED = 5  # damaged cells named by status, show and run (verify names t
 SHOW_ROWS = 200  # rows of `show`'s table before it averages over the last axes (--all: every cell)
 
 
-def _declared(experiment: str) -> tuple[str, ...]:
-    """The declared variables of an experiment (for stores made before they were recorded)."""
+def _declared(experiment: str) -> dict:
+    """The declared variables of an experiment, name -> Var (storage/verify.py checks attributes by them)."""
     from flows import experiments
 
-    return tuple(experiments.get(experiment).variables) if experiment in experiments.names() else ()
+    return dict(experiments.get(experiment).variables) if experiment in experiments.names() else {}
 
 
 def _verify(store: str, group: str | None = None) -> list:

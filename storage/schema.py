@@ -154,15 +154,7 @@ def template(exp: Experiment, grid: dict[str, list], extra_sizes: dict[str, int]
         arr = da.full(vshape, fill_value(dt), dtype=dt, chunks=vshape)
         units, description = cf_units(var.units, described.get(name, var.description))
         attrs = {"long_name": long_name(description), "units": units, "description": description, **flags(var)}
-        if var.ok:
-            attrs["ok_values"] = [int(v) for v in var.ok]
-        if var.finite:
-            attrs[FINITE] = 1  # an int, not a bool: netCDF has no boolean attribute (readers take either)
-        if var.pad is not None:
-            attrs[PAD] = float(var.pad)
-        for key, bound in zip(("valid_min", "valid_max"), var.domain or (None, None)):
-            if bound is not None:
-                attrs[key] = float(bound)
+        attrs.update(acted_on(var))
         data_vars[name] = xr.Variable(vdims, arr, attrs=attrs, encoding={"chunks": chunks})
     cell = {"chunks": block}
     data_vars[DONE] = xr.Variable(
@@ -191,6 +183,42 @@ def template(exp: Experiment, grid: dict[str, list], extra_sizes: dict[str, int]
         var.attrs.setdefault("long_name", long_name(var.attrs["description"]))
     coords = {k: xr.Variable((k,), coord_values(v), attrs=_coord_attrs(exp, k)) for k, v in grid.items()}
     return xr.Dataset(data_vars, coords=coords, attrs={VARIABLES: sorted(data_vars), **about(exp, grid)})
+
+
+ACTED_ON = ("ok_values", FINITE, PAD, "valid_min", "valid_max")  # attributes readers act on
+
+
+def acted_on(var) -> dict:
+    """The attributes of a variable's array that readers act on (:data:`ACTED_ON`), from its
+    declaration: which statuses are usable (storage.query.usable), finiteness (storage/verify.py),
+    the pad value, the domain intervals are clipped to (storage/stats.py). ``kktlab verify``
+    compares a store's with these (issue 40: trust no attribute a file says without checking)."""
+    attrs = {}
+    if var.ok:
+        attrs["ok_values"] = [int(v) for v in var.ok]
+    if var.finite:
+        attrs[FINITE] = 1  # an int, not a bool: netCDF has no boolean attribute (readers take either)
+    if var.pad is not None:
+        attrs[PAD] = float(var.pad)
+    for key, bound in zip(("valid_min", "valid_max"), var.domain or (None, None)):
+        if bound is not None:
+            attrs[key] = float(bound)
+    return attrs
+
+
+def restore_acted_on(group, exp: Experiment) -> list[str]:
+    """Rewrite from the declaration the :func:`acted_on` attributes of each variable of the zarr
+    ``group`` (opened for writing) whose stored ones differ; the names of those rewritten."""
+    out = []
+    for name, var in exp.variables.items():
+        if name not in group:
+            continue
+        arr, want = group[name], acted_on(var)
+        kept = {k: v for k, v in arr.attrs.asdict().items() if k not in ACTED_ON}
+        if {k: arr.attrs[k] for k in ACTED_ON if k in arr.attrs} != want:
+            arr.attrs.put({**kept, **want})
+            out.append(f"{name} attributes")
+    return out
 
 
 def long_name(description: str) -> str:

@@ -178,7 +178,7 @@ class Store:
     def verify(self, exp: Experiment | None = None) -> verify_mod.Report:
         """Which done cells are damaged (storage/verify.py); ``exp`` declares the variables of
         stores made before the group listed them."""
-        declared = (lambda name: tuple(exp.variables)) if exp is not None else None
+        declared = (lambda name: dict(exp.variables)) if exp is not None else None
         return verify_mod.verify_group(self.path, self.group_name, declared)
 
     # --- repair ---------------------------------------------------------------------------
@@ -192,11 +192,11 @@ class Store:
     def restore_arrays(self, exp: Experiment, grid: dict[str, list], extra_sizes: dict[str, int]) -> list[str]:
         """Re-create, empty and from the template, every array (variable, ``done``, coordinate)
         whose metadata is missing or unreadable or, for a coordinate, whose values do not decode.
-        Returns their names (and kktlab_nets_arrays, where rewritten); their done cells: :meth:`verify`."""
+        Returns their names (and the attributes readers act on, where rewritten); their done cells: :meth:`verify`."""
         ident = json.loads(self.group().attrs.get("kktlab_identity") or "{}")
         ds = schema.template(exp, grid, extra_sizes, self.block(), ident.get("params"))
         gpath = self.path / self.group_name
-        attrs = nets_mod.restore_nets_arrays(gpath, exp.nets_arrays)  # an attribute readers act on, damaged or edited
+        attrs = nets_mod.restore_nets_arrays(gpath, exp.nets_arrays) + schema.restore_acted_on(self.group("r+"), exp)
         # every array of the template (a variable or hash array added since: re-created), but cell_finished
         # where the group was made without it (an older kktlab's group does not gain it)
         made = set(self.group().attrs.get(schema.VARIABLES) or ds.data_vars)

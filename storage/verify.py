@@ -7,7 +7,9 @@ What is checked, per experiment group:
   an empty store) and every array the group should have (its ``kktlab_variables`` attribute, or
   for stores made before it the variables the caller expects, or the arrays present);
 - the group attribute ``kktlab_nets_arrays`` (what readers of its nets load beside them): valid,
-  and matching the crc32c written with it (storage/nets.py::read_nets_arrays);
+  and matching the crc32c written with it (storage/nets.py::read_nets_arrays); each variable's
+  attributes readers act on (``ok_values``, ``must_be_finite``, the pad value, ``valid_min`` /
+  ``valid_max``: storage.schema.acted_on) equal to its declaration, where the caller gives it;
 - per done cell and variable: the chunk exists (stores written with checksums write every chunk
   of a done cell, even an all-NaN one, so a missing chunk is damage, not a fill value), it decodes
   (its crc32c checksum matches: a flipped byte or a garbage chunk is caught), and it is finite
@@ -197,10 +199,24 @@ def _edited(gpath: pathlib.Path, harr: zarr.Array, variables: list[str], cells: 
     return [idx for idx in cells if content_hash({n: a[idx] for n, a in values.items()}) != int(stored[idx])]
 
 
+def _attribute_problems(name: str, got: dict, want: dict) -> list[str]:
+    """A variable's attributes that readers act on (storage.schema.ACTED_ON) that differ from its
+    declaration; one absent where the declaration has it is allowed only for stores made before it."""
+    out = []
+    for key in schema.ACTED_ON:
+        if key in got and (key not in want or not np.array_equal(np.asarray(got[key], dtype=float),
+                                                                   np.asarray(want[key], dtype=float))):
+            out.append(f"variable {name}: attribute {key} is {got[key]!r}, declared {want.get(key, 'absent')!r} "
+                       "(readers act on it: usable cells, finiteness, interval bounds); `kktlab run` on its "
+                       "config restores it from the declaration")
+    return out
+
+
 def verify_group(path: str | pathlib.Path, group: str,
                  declared: Callable[[str], tuple[str, ...]] | None = None, hashes: bool = True) -> Report:
     """Check one experiment group (see the module docstring). ``declared(experiment)``: the
-    declared variable names, asked only for stores made before the group listed them
+    declared variables (names, or a mapping name -> core.declare.Var, whose attributes readers act
+    on are then checked), the names used for stores made before the group listed them
     (``kktlab_variables``). ``hashes=False``: skip the cell_hash comparison (it hashes every cell's
     values; the chunk, checksum and finiteness checks read each chunk's bytes once): the cheap check
     :func:`storage.query.damaged` runs before every table and figure."""
@@ -228,8 +244,9 @@ def verify_group(path: str | pathlib.Path, group: str,
     notes: list[str] = []
     problems: list[str] = []
     variables = list(attrs.get(schema.VARIABLES) or ())
-    if not variables and declared is not None:
-        variables = list(declared(ident.get("experiment", "?")))
+    decl = declared(ident.get("experiment", "?")) if declared is not None else ()
+    if not variables:
+        variables = list(decl)
     if not variables:
         variables = sorted(p.parent.name for p in gpath.glob("*/zarr.json") if p.parent.name not in grid)
         notes.append("the group does not list its variables (made before kktlab_variables): checked the arrays present")
@@ -273,6 +290,8 @@ def verify_group(path: str | pathlib.Path, group: str,
             for idx in valued:
                 cells.setdefault(idx, []).append(f"variable {name} lost")
             continue
+        if isinstance(decl, dict) and name in decl:  # the attributes readers act on, against the declaration
+            problems += _attribute_problems(name, arr.attrs, schema.acted_on(decl[name]))
         found: dict[tuple, str] = {}  # cell -> this variable's problem
         if _checksummed(arr):  # every chunk of a done cell exists and its checksum matches
             extra = (0,) * (arr.ndim - len(shape))

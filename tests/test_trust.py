@@ -166,3 +166,22 @@ def test_a_rerun_restores_the_attribute_from_the_declaration(store):
     assert verify_group(store, "gone").ok and _keep_crc(store, "gone") is not None
     assert kktlab.load_nets(store, "gone").forgotten().tolist() == [[True, False, False, False]] * 2
     assert Store(store, "gone").restore_arrays(stage.exp, stage.store_grid, stage.extra_sizes()) == []
+
+
+def test_an_attribute_readers_act_on_that_is_not_the_declaration_is_named_and_restored(store, capsys):
+    """``must_be_finite`` dropped from unlearn's ``feasible`` and W's pad value changed: `kktlab verify`
+    names each, against the experiment's declaration, and exits 1; a rerun's repair restores both."""
+    from storage.store import Store
+
+    g = zarr.open_group(str(store / "gone"), mode="r+", zarr_format=3)
+    g["feasible"].attrs[schema.FINITE] = 0
+    g["W"].attrs[schema.PAD] = 1.0
+    capsys.readouterr()
+    assert kktlab_main(["verify", str(store)]) == 1
+    out = capsys.readouterr().out
+    assert "variable feasible: attribute must_be_finite is 0, declared 1" in out, out
+    assert "variable W: attribute pad_value is 1.0, declared 0.0" in out, out
+    stage = config.parse(CHAIN).stages[1]
+    restored = Store(store, "gone").restore_arrays(stage.exp, stage.store_grid, stage.extra_sizes())
+    assert sorted(restored) == ["W attributes", "feasible attributes"]
+    assert kktlab_main(["verify", str(store)]) == 0
