@@ -14,7 +14,7 @@ import xarray as xr
 
 from analysis.acceptance import Row, skipped
 from analysis.lazy import _fixed, _mean, free_slope, kept, left_out, slices, threshold
-from storage.query import fixed_params, groups, open_results, usable
+from storage.query import fixed_params, groups, open_checked, usable
 
 
 # E1's ||δ*||/||x|| and η slopes need |f| at the exit flat in d (Thm 3.1: |f| = O(1)). Measured on
@@ -263,7 +263,7 @@ def x3_rows(flips: xr.Dataset, pgds: list[xr.Dataset], up: dict | None = None) -
 def store_acceptance(store) -> list[Row]:
     """X3 rows for every single_step group with DeepFool, against the pgd groups reading its nets."""
     names = groups(store)
-    opened = {g: open_results(store, g) for g in names}
+    opened = {g: open_checked(store, g) for g in names}  # damaged cells left out by usable()
     kind = {g: ds.attrs.get("kktlab_experiment") for g, ds in opened.items()}
     rows = []
     for g, ds in opened.items():

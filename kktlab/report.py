@@ -13,7 +13,7 @@ from typing import Callable
 from analysis import acceptance as acc
 from analysis import common
 from kktlab import report_html
-from storage.query import chain_order, open_results, provenance, stage_scalars, status
+from storage.query import chain_order, open_checked, provenance, stage_scalars, status
 
 # What each experiment draws and judges is in its declaration (core.declare.Experiment.figures /
 # .acceptance: modules of analysis/), so a new stage is one declaration plus its maths.
@@ -101,7 +101,7 @@ def _store(store, out: pathlib.Path, fig_dir: pathlib.Path, echo) -> tuple[list[
         sec.about = (module.__doc__ or "").strip()
         figs = module.figures(ds, fig_dir, prefix=f"{g}_")
         if hasattr(module, "sample_figures"):  # figures from per-sample variables (paper 003 Fig 7)
-            figs += module.sample_figures(open_results(store, g), fig_dir, prefix=f"{g}_")
+            figs += module.sample_figures(open_checked(store, g), fig_dir, prefix=f"{g}_")
         sec.notes = notes = module.notes(ds) if hasattr(module, "notes") else []
         if notes:
             lines += ["### Seeds per point", "", *notes]

@@ -115,6 +115,15 @@ def damaged(path: str | pathlib.Path, group: str) -> xr.DataArray:
     return xr.DataArray(mask, dims=list(grid), attrs={"description": "done cell named damaged by kktlab verify"})
 
 
+def open_checked(path: str | pathlib.Path, group: str) -> xr.Dataset:
+    """:func:`open_results` with the :func:`damaged` mask beside ``done`` (lazy otherwise): what a
+    reader of the full group (per-sample variables) needs so that :func:`usable` leaves damaged
+    cells out, as it does for :func:`stage_scalars`' tables and figures."""
+    ds = open_results(path, group)
+    mask = damaged(path, group).transpose(*ds[schema.DONE].dims)
+    return ds.assign({schema.DAMAGED: (ds[schema.DONE].dims, mask.values, mask.attrs)})
+
+
 def stage_scalars(path: str | pathlib.Path, group: str) -> xr.Dataset:
     """One number per cell of ``group`` (:func:`load_scalars`), and, for a reading stage, the scalar
     variables of the stage it read from that it does not hold itself (e.g. a universal_attack group

@@ -123,6 +123,17 @@ def test_a_damaged_chunk_is_left_out_and_counted(store, capsys):
     assert "1 damaged cells left out" in capsys.readouterr().err
 
 
+def test_the_full_group_a_per_sample_figure_reads_leaves_a_damaged_cell_out(store):
+    """Issue 40: Fig 7 and X3 read the full group (per-sample variables), not stage_scalars: they get
+    the damaged mask too (storage.query.open_checked), so usable() leaves the cell out there as well."""
+    from storage.query import open_checked
+
+    (store / "nonrobust" / "c_star" / "c" / "0" / "2").unlink()  # (d=10, seed=2)
+    ds = open_checked(store, "nonrobust")
+    assert int(ds.damaged.sum()) == 1 and not bool(usable(ds).sel(d=10, seed=2))
+    assert int(usable(ds).sum()) == int(usable(stage_scalars(store, "nonrobust")).sum())
+
+
 def _chain_group(var: str, dims: dict, values: np.ndarray) -> xr.Dataset:
     shape = tuple(len(v) for v in dims.values())
     return xr.Dataset({var: (tuple(dims), values), "done": (tuple(dims), np.ones(shape, bool)),
