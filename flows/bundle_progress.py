@@ -123,7 +123,7 @@ class _Quiet:
     def due(self) -> bool:
         return False
 
-    def within(self, base: int, steps: int):
+    def within(self, base: int, steps: int, total: int | None = None):
         return None
 
     @contextlib.contextmanager
