@@ -249,7 +249,7 @@ def pgd_figures(ds: xr.Dataset, out: pathlib.Path, prefix: str) -> list[pathlib.
     if "R" in ds.dims and not paths:  # RTA against R (CI-size stores)
         # one line per value of every axis but R, the seeds and the within-net axes (restarts, points):
         # a chain's unlearning methods and α are never pooled into one line (issue 40)
-        lines = [x for x in ds["rta"].dims if x not in ("R", "seed") + WITHIN_NET and ds.sizes[x] > 1]
+        lines = _settings(ds, "rta", ("R",))
         agg = _spread(ds, "rta", ("R", *lines))
         fig, ax = plt.subplots(figsize=(4.2, 3.4))
         for at in _combos(agg, lines):

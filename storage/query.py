@@ -119,7 +119,11 @@ def open_checked(path: str | pathlib.Path, group: str) -> xr.Dataset:
     """:func:`open_results` with the :func:`damaged` mask beside ``done`` (lazy otherwise): what a
     reader of the full group (per-sample variables) needs so that :func:`usable` leaves damaged
     cells out, as it does for :func:`stage_scalars`' tables and figures."""
-    ds = open_results(path, group)
+    return _with_damaged(open_results(path, group), path, group)
+
+
+def _with_damaged(ds: xr.Dataset, path, group: str) -> xr.Dataset:
+    """``ds`` with the :func:`damaged` mask of ``group`` beside ``done``."""
     mask = damaged(path, group).transpose(*ds[schema.DONE].dims)
     return ds.assign({schema.DAMAGED: (ds[schema.DONE].dims, mask.values, mask.attrs)})
 
@@ -131,9 +135,7 @@ def stage_scalars(path: str | pathlib.Path, group: str) -> xr.Dataset:
     value of the upstream cell it read (broadcast over its own axes), and the upstream's fixed
     parameters beside its own in the identity (in memory; the store is unchanged). What the report draws.
     Its ``damaged`` variable (:func:`damaged`) marks the cells :func:`usable` leaves out as damaged."""
-    ds = load_scalars(open_results(path, group))
-    mask = damaged(path, group).transpose(*ds[schema.DONE].dims)
-    ds = ds.assign({schema.DAMAGED: (ds[schema.DONE].dims, mask.values, mask.attrs)})
+    ds = _with_damaged(load_scalars(open_results(path, group)), path, group)
     ident = json.loads(ds.attrs.get("kktlab_identity") or "{}")
     source = ident.get("from")
     if not source:

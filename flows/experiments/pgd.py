@@ -20,7 +20,7 @@ from core.declare import NetsNeeds
 from core.errors import UserError
 from flows import bundle_progress
 from flows.experiments import Experiment, Param, Var, register, by_shape, timed
-from flows.experiments.single_step import attacked_points, extra_dims
+from flows.experiments.single_step import attacked_points, extra_dims, points_word
 from flows.bundles import memory_budget
 from tasks.attacks import chunk_for
 from tasks.cells import pgd as cell_fn
@@ -97,9 +97,7 @@ def needs(cell: dict) -> NetsNeeds:
 def describe(params: dict, grid: dict) -> dict[str, str]:
     """``rta`` and ``clean_acc`` say which points were attacked: with ``points: train`` they are
     training accuracies (issue 40), with both values on the grid either, by cell."""
-    points = {str(p) for p in grid.get("points", [params.get("points", "test")])}
-    which = ("training" if points == {"train"} else "test" if points == {"test"}
-             else "test or training (by the cell's points)")
+    which = points_word(params, grid)
     return {"rta": f"robust {which} accuracy: y f(x_adv) > 0 at the final PGD iterate (the paper's)",
             "clean_acc": f"clean {which} accuracy"}
 

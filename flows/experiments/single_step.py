@@ -86,12 +86,18 @@ def bundle_key(cell: dict) -> tuple:
     return tuple(sorted(cell.items()))
 
 
+def points_word(params: dict, grid: dict) -> str:
+    """Which points a reader's cells attack, for its variables' descriptions: "training" (``points:
+    train``), "test", or both where both values are on the grid."""
+    points = {str(p) for p in grid.get("points", [params.get("points", "test")])}
+    return ("training" if points == {"train"} else "test" if points == {"test"}
+            else "test or training (by the cell's points)")
+
+
 def describe(params: dict, grid: dict) -> dict[str, str]:
     """The medians, ``flip_frac`` and ``test_acc`` say which points were attacked: with ``points:
     train`` the upstream's training points (issue 40), with both values on the grid either, by cell."""
-    points = {str(p) for p in grid.get("points", [params.get("points", "test")])}
-    which = ("training" if points == {"train"} else "test" if points == {"test"}
-             else "test or training (by the cell's points)")
+    which = points_word(params, grid)
     out = {f"med_{k}": f"median over {which} points of {k}" for k in MEDIANS}
     out.update(flip_frac=f"fraction of {which} points a positive step flips", test_acc=f"clean {which} accuracy")
     return out
