@@ -236,23 +236,24 @@ def wait_for(cond, timeout: float, proc=None, poll_s: float = 0.2) -> bool:
     return bool(cond())
 
 
-def stored(store) -> dict:
-    """seed -> (done, cell_hash, wall_s) of the store's one group ({} before it is made)."""
+def stored(store, axis: str = "seed") -> dict:
+    """value along ``axis`` -> (done, cell_hash, wall_s) of the store's one group, a 1-d grid ({} before
+    it is made)."""
     from storage.query import open_results
 
     try:
         ds = open_results(store).load()
     except Exception:  # noqa: BLE001 - not made yet
         return {}
-    return {int(s): (bool(ds.done.sel(seed=s)), int(ds.cell_hash.sel(seed=s)), float(ds.wall_s.sel(seed=s)))
-            for s in ds.seed.values}
+    return {int(s): (bool(ds.done.sel({axis: s})), int(ds.cell_hash.sel({axis: s})),
+                     float(ds.wall_s.sel({axis: s}))) for s in ds[axis].values}
 
 
-def mid_bundle(store, group: str) -> list[dict]:
+def mid_bundle(store, group: str, axis: str = "seed") -> list[dict]:
     """Progress records of running bundles that have counted steps (of a total), of cells not stored
     yet (a stored bundle's file goes a moment after its cells are marked done)."""
     from storage import bundle_progress as files
 
-    finished = [s for s, (d, _, _) in stored(store).items() if d]
+    finished = [s for s, (d, _, _) in stored(store, axis).items() if d]
     return [r for r in files.read(store, group) if r.get("steps") and r.get("total")
-            and not any(f"seed={s} " in r.get("name", "") for s in finished)]
+            and not any(f"{axis}={s} " in r.get("name", "") for s in finished)]
