@@ -61,6 +61,23 @@ def test_nnls_matches_scipy(nnls_problem, e):
     np.testing.assert_allclose(lam[e].numpy(), ref, atol=1e-7)
 
 
+def test_nnls_gives_nan_for_an_overflowed_gram_and_leaves_its_bundle_mates_alone(nnls_problem):
+    """Issue 39: after a large GA step a net's Gram at min margin ~0 overflows (±inf entries, measured on
+    an m = 8 net at α = 1); LAPACK then failed on the whole batch and the unlearn bundle's cells failed.
+    Now that net's λ is NaN and the other nets' λ are what they are alone."""
+    A, t, lam = nnls_problem
+    Q = A.transpose(1, 2) @ A
+    r = (A.transpose(1, 2) @ t.unsqueeze(-1)).squeeze(-1)
+    s = torch.tensor([0, 1, -1, -1, -1, -1, 1, 1.0], dtype=torch.float64)
+    o = torch.outer(s, s)
+    Q[1] = torch.where(o != 0, o * torch.inf, torch.zeros_like(o))  # the overflowed Gram's sign pattern
+    with pytest.raises(torch.linalg.LinAlgError):
+        torch.linalg.eigvalsh(Q[1:2])
+    got = kkt.nnls(Q, r, torch.ones(3, 8, dtype=torch.bool), iters=20000)
+    assert bool(got[1].isnan().all())
+    assert torch.equal(got[[0, 2]], lam[[0, 2]])
+
+
 @pytest.fixture(scope="module")
 def batched_fit(trained):
     net, X, y = trained

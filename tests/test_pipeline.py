@@ -45,8 +45,11 @@ REFUSED = [
     ("train -> pgd (training points, then test points)",
      (TRAIN, reader("pgd", budget="given") | {"grid": {"points": ["train", "test"]}}), "stages[1].from",
      "needs X_test"),
-    ("train -> unlearn retrain", (TRAIN, UNLEARN | {"grid": {"method": ["retrain"]}}), "stages[1].from",
-     "needs nets that trained W or W+b"),  # train -> unlearn ga / identity / k_ga: admitted (tests/test_unlearn_full.py)
+    ("train -> unlearn ref_retrain", (TRAIN, UNLEARN | {"params": {"forget": 0, "ref_retrain": True}}),
+     "stages[1].from", "needs nets that trained W or W+b"),  # train -> unlearn ga / identity / k_ga / retrain:
+    # admitted (tests/test_unlearn_full.py, tests/test_unlearn_retrain_train.py)
+    ("lazy_train -> unlearn retrain", (LAZY_RAW, UNLEARN | {"grid": {"method": ["retrain"]}}), "stages[1].from",
+     "needs nets of train or train_kkt"),
     ("train_kkt -> universal_attack", (TRAIN_KKT, reader("universal_attack")), "stages[1].from",
      "needs nets that trained W+b+v"),
     ("train_kkt -> kkt_constructions", (TRAIN_KKT, reader("kkt_constructions")), "stages[1].from",

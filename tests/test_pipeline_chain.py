@@ -159,7 +159,12 @@ def test_report_draws_the_chain_figures_and_findings(ran, tmp_path):
     assert all(p.stat().st_size > 10_000 for p in chain) and len({p.read_bytes() for p in chain}) == len(chain)
     index = (tmp_path / "index.md").read_text()
     assert "## The chain: forgotten vs retained points" in index
-    assert sum(line.startswith("| step | ga | 1 |") for line in index.splitlines()) == 1
+    rows = index.splitlines()
+    assert sum(line.startswith("| step | med_delta | ga | 1 |") for line in rows) == 1
+    assert sum(line.startswith("| step | med_delta | identity | — |") for line in rows) == 1  # a reference: once
+    # the KKT attack on these nets (3000 steps at d = 10: far from a KKT point) is not judged
+    (recon,) = [line for line in rows if line.startswith("| recon | recovered | ga | 1 |")]
+    assert "no verdict: nets outside the KKT regime (median ε1_rel" in recon, recon
 
 
 TOTAL = {"nets": 2, "gone": 4, "recon": 4, "step": 4, "pgd": 8, "forge": 4}

@@ -101,16 +101,18 @@ def test_identity_stores_theta_and_ga_stores_the_step():
         assert out["lam_l"] == pytest.approx(float(r["lam"][0, 0]), rel=1e-12)
         assert out["eps1_rel"] == pytest.approx(float(r["eps_rel"][0]), rel=1e-12)
         assert out["violated"] == 1 << 9 and out["preconditions_met"] == 0 and math.isnan(out["bound_eps"])
-    with pytest.raises(ValueError, match="method: 'retrain' needs a frozen output layer"):
-        _call(W, b, v, X, y, _cells("retrain", [1.0]))
+    with pytest.raises(ValueError, match="method: 'retrain' needs the producer's training"):
+        _call(W, b, v, X, y, _cells("retrain", [1.0]))  # (the flow hands it: tests/test_unlearn_retrain_train.py)
 
 
-def test_config_check_admits_train_nets_for_ga_and_refuses_retrain_in_one_line():
+def test_config_check_admits_train_nets_for_ga_and_retrain_and_refuses_ref_retrain_in_one_line():
     from core.declare import NetsContract
     from flows.experiments import unlearn
 
     train_nets = NetsContract(trainer="train", data="unit_sphere")
-    for method in ("identity", "ga", "k_ga"):
+    for method in ("identity", "ga", "k_ga", "retrain"):
         assert unlearn.needs(_cells(method, [1.0])[0]).refusal(train_nets) == ""
-    why = unlearn.needs(_cells("retrain", [1.0])[0]).refusal(train_nets)
+    why = unlearn.needs(_cells("ga", [1.0])[0] | {"ref_retrain": True}).refusal(train_nets)
     assert "W+b" in why and "u frozen" in why and "\n" not in why
+    lazy = NetsContract(trainer="lazy_train", trained=frozenset({"W"}), output="frozen")
+    assert "needs nets of train or train_kkt" in unlearn.needs(_cells("retrain", [1.0])[0]).refusal(lazy)

@@ -13,6 +13,7 @@ and the candidate itself (dims candidate, feature: one chunk per cell).
 from __future__ import annotations
 
 
+from core.errors import ConfigError
 from flows import bundle_progress
 from flows.experiments import Experiment, Param, Var, register, by_shape, timed
 from tasks.cells import reconstruct as cell_fn
@@ -36,6 +37,10 @@ P = {
     "objective": Param(str, "haim", "Haim's squared per-tensor residual, lambda/l (default) or the paper's Eq 5",
                        choices=tuple(OBJECTIVES)),
     "box": Param(bool, False, "domain box [-1,1] penalty (a prior; paper 004: off)"),
+    "norm_prior": Param(float, 0.0, "the attacker's prior on the data's norm (issue 39): every candidate projected "
+                        "onto the sphere of this radius after each step (0: off, the paper; a frozen output layer "
+                        "without bias leaves a candidate's norm free, so only a prior makes distances mean something)",
+                        min=0, max=1e6),
     "rho": Param(float, 0.3, "recovery radius for n_recovered (spec X004-8)", gt=0),
 }
 
@@ -114,6 +119,13 @@ def run_bundle(cells: list[dict], device: str = "auto", inputs=None) -> list[dic
                        progress=bundle_progress.for_kernel(bundle_progress.current()))  # attack steps, objective
 
 
+def check(cell: dict) -> None:
+    """A norm prior is on the data's sphere; the shift defence moves the data off it."""
+    if cell["norm_prior"] > 0 and cell["shift"] != 0:
+        raise ConfigError("norm_prior", "a norm prior needs shift: 0 (the shifted data x + u is not on the "
+                          "sphere the prior names)")
+
+
 EXPERIMENT = register(Experiment(
     name="reconstruct",
     figures="analysis.reconstruct",
@@ -122,6 +134,6 @@ EXPERIMENT = register(Experiment(
     description="KKT reconstruction attack (Haim et al.) on stored nets, stacked over radii x settings x restarts "
                 "(reads 'nets')",
     params=P, variables=V, run_bundle=run_bundle, bundle_key=bundle_key, reads="nets", extra_dims=extra_dims,
-    cost=cost, summary=("status", "objective", "objective_rel", "score5", "score5_init", "n_recovered", "train_eps"),
+    cost=cost, check=check, summary=("status", "objective", "objective_rel", "score5", "score5_init", "n_recovered", "train_eps"),
     spec_ids=("F004-1", "F004-2", "P004-13", "P004-14", "P004-15", "P004-16", "P004-17"),
 ))

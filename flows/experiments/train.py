@@ -142,6 +142,34 @@ def run_bundle(cells: list[dict], device: str = "auto", checkpoint: str | None =
     return out
 
 
+def retrain(cells: list[dict], drop: torch.Tensor, like: torch.Tensor, device: str = "cpu"):
+    """Issue 39's ``retrain`` reference for these nets: each net of ``cells`` (its cell as run) trained again
+    from the same init and data with the same schedule, on its training set without the points ``drop``
+    (R,M) marks (full batch: ``nonrobust.start_training``'s stack with those points masked out, one stacked
+    problem per training bundle key). Returns W (R,k,d), b, v (R,k) float64 on the CPU, zero-padded to
+    ``like``'s (k, d)."""
+    R, (k, d) = len(cells), like.shape[-2:]
+    W, b, v = torch.zeros(R, k, d, dtype=torch.float64), torch.zeros(R, k, dtype=torch.float64), \
+        torch.zeros(R, k, dtype=torch.float64)
+    groups: dict = {}
+    for r, c in enumerate(cells):
+        if n_samples(c) > c["batch_size"]:
+            raise ValueError(f"retrain: the upstream net trained by minibatch SGD (m = {n_samples(c)} > batch_size "
+                             f"{c['batch_size']}); without a point its epochs are another schedule")
+        groups.setdefault(nonrobust.bundle_key(c), []).append(r)
+    for rows in groups.values():
+        part = [cells[r] for r in rows]
+        sets, _ = load_datasets(part)
+        (_, _, _, mask, gens), sched, _, (net, X, y, maskd) = nonrobust.start_training(part, device, None, sets)
+        keep = maskd & ~drop[rows, : mask.shape[1]].to(maskd.device)
+        st = train.train(net, X, y, sched, mask=keep, batch_generators=gens)
+        kk, dd = st.net.W.shape[1:]
+        W[rows, :kk, :dd] = st.net.W.detach().to("cpu", torch.float64)
+        b[rows, :kk] = st.net.b.detach().to("cpu", torch.float64)
+        v[rows, :kk] = st.net.v.detach().to("cpu", torch.float64)
+    return W, b, v
+
+
 def rebuild(cell: dict, read) -> dict:
     """A CIFAR cell's training rows from its stored indices, checksum checked (the file it was
     trained on); synthetic cells store their X and rebuild nothing."""

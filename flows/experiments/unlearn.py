@@ -164,11 +164,22 @@ def run_bundle(cells: list[dict], device: str = "auto", inputs=None) -> list[dic
         if not bool(trained[:, 2].all()):
             raise ValueError("unlearn: a bundle mixes nets with v trained and nets with a frozen output layer")
         blocks = tuple(name for name, on in zip(("W", "b", "v"), trained[0].tolist()) if on)
-        return unlearn_full(n.W, n.b, n.v, n.X, n.y, n.mask, n.d, n.m, n.width, n.rng_state, keys, cells, blocks)
+        return unlearn_full(n.W, n.b, n.v, n.X, n.y, n.mask, n.d, n.m, n.width, n.rng_state, keys, cells, blocks,
+                            retrain=lambda rows, drop: _retrain(n, rows, drop, dev))
     return cell_fn.unlearn(n.W, n.b, n.v, n.X, n.y, n.mask, n.d, n.m, n.width, n.rng_state, keys, cells,
                            train_bias=n.trained()[:, 1] if n.contracts else n.b.abs().amax(-1) > 0,
                            progress=bundle_progress.for_kernel(bundle_progress.current()),  # retraining epochs
                            device=dev)
+
+
+def _retrain(n, rows: list[int], drop, dev) -> tuple:
+    """``retrain`` of nets with v trained: their producer's training again without ``drop`` (``train``'s)."""
+    trainers = {n.contracts[r].trainer for r in rows}
+    if trainers != {"train"}:
+        raise ValueError(f"method: 'retrain' of nets with v trained retrains train's nets, not {sorted(trainers)}")
+    from flows.experiments import train
+
+    return train.retrain([n.cells[r] for r in rows], drop, n.W, str(dev))
 
 
 def contract(cell: dict, upstream: NetsContract | None) -> NetsContract:
@@ -185,7 +196,14 @@ def needs(cell: dict) -> NetsNeeds:
     refuses it); or every block trained (paper 002 / 004's nets: the step over W, b, v,
     tasks/cells/unlearn_full.py; identity, ga, k_ga); never nets something was already forgotten
     from; the retrain reference and D_MG test points redraw what ``train_kkt`` drew."""
-    redraw = cell["method"] == "retrain" or cell["ref_retrain"] or cell["test_points"] > 0
+    redraw = cell["ref_retrain"] or cell["test_points"] > 0
+    if cell["method"] == "retrain" and not redraw and cell["model"] != "linear":  # the producer trains again
+        return NetsNeeds(trained=(frozenset({"W"}), frozenset({"W", "b"}), frozenset({"W", "b", "v"})),
+                         without=frozenset({"forgotten"}), unfixed=frozenset({"b"}),
+                         trainers=frozenset({"train_kkt", "train"}),
+                         why="retrain trains the nets again: train_kkt's (its init redrawn) or train's (its "
+                             "stack rebuilt)")
+    redraw = redraw or cell["method"] == "retrain"
     if redraw or cell["method"] == "sequential_ga" or cell["model"] == "linear":
         return NetsNeeds(trained=(frozenset({"W"}), frozenset({"W", "b"})), output="frozen",
                          without=frozenset({"forgotten"}), unfixed=frozenset({"b"}),

@@ -66,7 +66,9 @@ def run(W, b, v, X, y, mask, d, m, width, cells: list[dict], device: str = "cpu"
     x_scale = torch.maximum(dev_t("radius"), Xs.norm(dim=-1).amax(-1))  # the data scale of the divergence rule
     res = atk.optimise(W, b_att, v, x0, lam0, yc, lr_x=dev_t("lr_x"), lr_lam=dev_t("lr_lam"), alpha=alpha,
                        lam_min=lam_min, steps=c0["steps"], objective_name=c0["objective"], box=c0["box"],
-                       feature_mask=fmask, n_trace=N_TRACE, blocks=blocks, x_scale=x_scale, progress=progress)
+                       feature_mask=fmask, n_trace=N_TRACE, blocks=blocks, x_scale=x_scale,
+                       norm_prior=torch.tensor([float(c.get("norm_prior", 0.0)) for c in cells], dtype=torch.float64,
+                                               device=device), progress=progress)
     bw = blocks.to(W.dtype)  # ||theta||^2 over the trained blocks
     theta2 = bw[:, 0] * W.pow(2).sum((1, 2)) + bw[:, 1] * b_att.pow(2).sum(1) + bw[:, 2] * v.pow(2).sum(1)
     scale = objective.SCALES[c0["objective"]](l)

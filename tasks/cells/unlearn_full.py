@@ -27,7 +27,7 @@ from tasks.nets import TwoLayer
 from tasks.unlearn import bounds as bnd
 from tasks.unlearn.step import log_beta
 
-METHODS = ("identity", "ga", "k_ga")  # retrain: only for train_kkt's nets (tasks/cells/unlearn.py)
+METHODS = ("identity", "ga", "k_ga", "retrain")
 
 
 def full_step(W, b, v, X, y, lam, forget, alphas, blocks=("W", "b", "v")):
@@ -70,11 +70,13 @@ def measure(W, b, v, X, y, valid):
 
 
 def unlearn_full(W, b, v, X, y, mask, d, m, width, rng, keys: list[str], cells: list[dict],
-                 blocks=("W", "b", "v")) -> list[dict]:
+                 blocks=("W", "b", "v"), retrain=None) -> list[dict]:
     """tasks/cells/unlearn.py's ``unlearn`` for nets with v trained: the same arguments (``blocks``: the
     trained ones) and per cell the same names; paper 001's frozen-output bounds, lemmas, fixed net and
     references NaN (``violated``: the bit of "output layer frozen"); the unlearned net stored where the cell
-    has one forget set and ``store_nets``."""
+    has one forget set and ``store_nets``. ``retrain`` (method ``retrain``): ``retrain(rows, drop)`` -> (W, b,
+    v) of the nets at ``rows`` (indices into the arguments) trained again without the points ``drop`` (R,M)
+    marks, padded like W (the producer's training: flows/experiments/train.py ``retrain``)."""
     from tasks.cells.unlearn import NO_NET, app_e_anchor, forget_sets  # one direction: unlearn.py never imports this
 
     c0 = cells[0]
@@ -103,6 +105,12 @@ def unlearn_full(W, b, v, X, y, mask, d, m, width, rng, keys: list[str], cells: 
     lam = torch.where(r1["feasible"].unsqueeze(-1), r1["lam"], torch.zeros_like(r1["lam"]))
     Wh, bh, vh = full_step(W, b, v, X, y, lam, F, alphas if method != "identity" else 0 * alphas, blocks)
     E, L, A = Wh.shape[:3]
+    if method == "retrain":  # the same net at every α: trained again without the forget set
+        if retrain is None:
+            raise ValueError("method: 'retrain' needs the producer's training (none given)")
+        rows = pick.repeat_interleave(L).tolist()
+        Wr, br, vr = retrain(rows, F.reshape(E * L, -1))
+        Wh, bh, vh = (t.reshape(E, L, 1, *t.shape[1:]).expand(E, L, A, *t.shape[1:]) for t in (Wr, br, vr))
     retain = (mask[:, None] & ~F)[:, :, None].expand(E, L, A, -1)
     after = measure(Wh, bh, vh, X[:, None, None], y[:, None, None], retain)
     q1 = y[:, None, None] * (torch.relu(X[:, None, None] @ Wh.transpose(-1, -2) + bh.unsqueeze(-2))

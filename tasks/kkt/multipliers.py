@@ -41,12 +41,16 @@ def nnls(Q: torch.Tensor, r: torch.Tensor, mask: torch.Tensor, iters: int = 3000
     """min_{λ>=0, λ=0 off mask} ½λᵀQλ - rᵀλ for a batch: Q (E,n,n), r (E,n). FISTA + restart.
 
     Every net keeps its own momentum and stops on its own: a net's λ is the same whatever other
-    nets share the batch (no number depends on its bundle mates). ``progress`` (optional): called as
-    ``progress(iterations done, iters)`` every :data:`PROGRESS_EVERY` iterations and at the end (all
-    nets converged: ``iters`` at once)."""
+    nets share the batch (no number depends on its bundle mates). A net whose Q or r is not finite
+    (e.g. a Gram that overflowed at a margin near 0) gets λ = NaN: no fit, and no LAPACK failure that
+    fails its bundle mates. ``progress`` (optional): called as ``progress(iterations done, iters)``
+    every :data:`PROGRESS_EVERY` iterations and at the end (all nets converged: ``iters`` at once)."""
     mm = mask.unsqueeze(1) & mask.unsqueeze(2)
     Q = torch.where(mm, Q, torch.zeros_like(Q))
     r = torch.where(mask, r, torch.zeros_like(r))
+    finite = torch.isfinite(Q).flatten(1).all(1) & torch.isfinite(r).all(1)
+    Q = torch.where(finite[:, None, None], Q, torch.zeros_like(Q))
+    r = torch.where(finite[:, None], r, torch.zeros_like(r))
     L = torch.linalg.eigvalsh(Q).amax(-1).clamp_min(1e-300)  # Lipschitz constant
     lam = torch.zeros_like(r)
     z = lam.clone()
@@ -69,7 +73,7 @@ def nnls(Q: torch.Tensor, r: torch.Tensor, mask: torch.Tensor, iters: int = 3000
             break
     if progress is not None:
         progress(iters, iters)
-    return lam
+    return lam.masked_fill(~finite[:, None], math.nan)
 
 
 @dataclasses.dataclass

@@ -74,14 +74,16 @@ class AttackResult:
 
 def optimise(W, b, v, x0, lam0, yc, *, lr_x, lr_lam, alpha, lam_min, steps: int, objective_name: str = "haim",
            box: bool = False, momentum: float = 0.9, feature_mask=None, n_trace: int = 11, blocks=None,
-           x_scale=None, progress=None) -> AttackResult:
+           x_scale=None, norm_prior=None, progress=None) -> AttackResult:
     """Run ``steps`` SGD-momentum steps on every row. W (B,k,d), b, v (B,k) the attacked nets (float64),
     x0 (B,l,d), lam0 (B,l) the inits, yc (B,l) the fixed labels; lr_x, lr_lam, lam_min (B,) tensors;
     alpha (B,) the surrogate slope (None: exact step derivative, X004-2); feature_mask (B,d) zero past
     a row's true d (the gradient there is masked so padding stays zero); blocks (B,3) bool the trained
     blocks W, b, v of each row's net (None: all); x_scale (B,) each row's data scale for the divergence
     rule (:data:`BLOWUP`; None: candidate norms unbounded, a non-finite or exploding objective still
-    counts). ``progress`` (optional): called as ``progress(steps done, steps, loss)`` at every step (no
+    counts); norm_prior (B,) the attacker's prior on the data's norm: each candidate of a row with
+    norm_prior > 0 is projected onto the sphere of that radius after every step (None or 0: free).
+    ``progress`` (optional): called as ``progress(steps done, steps, loss)`` at every step (no
     device read); ``loss()`` gives the log of the worst finite row's objective (a device read: the
     caller calls it only when it wants it)."""
     x, lam = x0.clone(), lam0.clone()
@@ -118,9 +120,19 @@ def optimise(W, b, v, x0, lam0, yc, *, lr_x, lr_lam, alpha, lam_min, steps: int,
             bl = momentum * bl + gl
             x = x.detach() - keep.view(-1, 1, 1) * lr_x3 * bx
             lam = lam.detach() - keep.view(-1, 1) * lr_l2 * bl
+            if norm_prior is not None:
+                x = on_sphere(x, norm_prior)
     obj = obj.detach()
     status = torch.where(live, DONE, DIVERGED).to(torch.int8)
     return AttackResult(x.detach(), lam.detach(), obj, trace, status)
+
+
+def on_sphere(x: torch.Tensor, radius: torch.Tensor) -> torch.Tensor:
+    """x (B,l,d) with each candidate of a row whose ``radius`` (B,) is > 0 scaled to that norm (a zero
+    candidate stays zero); the other rows unchanged."""
+    r = radius.to(x.dtype).view(-1, 1, 1)
+    norm = x.norm(dim=-1, keepdim=True)
+    return torch.where(r > 0, x * (r / norm.clamp_min(1e-300)), x)
 
 
 def sane(obj: torch.Tensor, x: torch.Tensor, obj0: torch.Tensor, x_max: torch.Tensor | None) -> torch.Tensor:

@@ -1,0 +1,95 @@
+"""The chain's findings table (analysis/pipeline.py, issue 39) on hand-made groups: identity and retrain
+(nets that do not depend on α) are one row each; the KKT attack's verdict on the forgotten point is
+given only for nets near a KKT point (median ε1_rel ≤ 0.05) where the attack recovers it from the
+original nets (the known positive), and says how many nets it judged; the
+difference attack is judged whatever the nets' residual; a reader of an unlearn stage that does not
+sweep α takes it from the unlearn stage's parameters."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import xarray as xr
+
+from analysis import pipeline
+
+SEEDS = [0, 1, 2]
+
+
+def _group(values: dict, methods=("identity", "ga", "retrain"), alphas=(0.5, 1.0)) -> xr.Dataset:
+    """A reader group over (seed, method, alpha): per variable a function (method, alpha, seed) -> value."""
+    dims = {"seed": SEEDS, "method": list(methods), "alpha": list(alphas)}
+    shape = tuple(len(v) for v in dims.values())
+    data = {k: (tuple(dims), np.array([[[f(m, a, s) for a in alphas] for m in methods] for s in SEEDS]))
+            for k, f in values.items()}
+    data.update(done=(tuple(dims), np.ones(shape, bool)), failed=(tuple(dims), np.zeros(shape, bool)))
+    return xr.Dataset(data, coords=dims)
+
+
+def _recon(forgotten_after_ga: float) -> xr.Dataset:
+    rec = lambda m, a, s: forgotten_after_ga if m == "ga" else 1.0  # noqa: E731
+    return _group({"recovered_forgotten": rec, "recovered_retained": lambda m, a, s: 1.0,
+                   "cos_forgotten": lambda m, a, s: 0.9, "cos_retained": lambda m, a, s: 0.8})
+
+
+def _rows(rows: list[str], quantity: str, method: str) -> list[list[str]]:
+    cells = [[c.strip() for c in r.strip("|").split("|")] for r in rows]
+    return [c for c in cells if c[1] == quantity and c[2] == method]
+
+
+def test_references_are_one_row_each_and_ga_one_per_alpha():
+    rows = pipeline.findings("recon", "reconstruct", _recon(0.0), eps_rel=0.01)
+    for ref in ("identity", "retrain"):
+        (row,) = _rows(rows, "recovered", ref)
+        assert row[3] == "—", row
+    assert [r[3] for r in _rows(rows, "recovered", "ga")] == ["0.5", "1"]
+
+
+def test_the_kkt_attack_is_judged_only_near_a_kkt_point():
+    inside = pipeline.findings("recon", "reconstruct", _recon(0.0), eps_rel=0.01)
+    (ident,) = _rows(inside, "recovered", "identity")
+    assert ident[6] == "recovered (mean over 3 nets 1.00)", ident
+    assert {r[6] for r in _rows(inside, "recovered", "ga")} == {"not recovered (mean over 3 nets 0.00)"}
+    assert _rows(inside, "cos", "ga")[0][6] == ""  # one verdict per entry: on the recovery by distance
+    unclear = pipeline.findings("recon", "reconstruct", _recon(1 / 3), eps_rel=0.01)
+    assert {r[6] for r in _rows(unclear, "recovered", "ga")} == {"unclear (mean over 3 nets 0.33)"}
+    outside = pipeline.findings("recon", "reconstruct", _recon(0.0), eps_rel=0.37)
+    assert {r[6] for r in _rows(outside, "recovered", "ga") + _rows(outside, "recovered", "identity")} == {
+        "no verdict: nets outside the KKT regime (median ε1_rel 0.37 > 0.05)"}
+
+
+def test_not_recovered_after_ga_needs_the_known_positive():
+    ds = _recon(0.0)
+    ds["recovered_forgotten"] = ds.recovered_forgotten * 0  # the attack finds the point nowhere, identity included
+    rows = pipeline.findings("recon", "reconstruct", ds, eps_rel=0.01)
+    assert _rows(rows, "recovered", "identity")[0][6] == "not recovered (mean over 3 nets 0.00)"
+    assert {r[6] for r in _rows(rows, "recovered", "ga") + _rows(rows, "recovered", "retrain")} == {
+        "no verdict: no known positive (from the original nets, identity, the attack recovers the point in 0.00 "
+        "of the nets)"}
+
+
+def test_the_difference_attack_is_judged_whatever_the_residual():
+    ds = _recon(1.0).assign(chance_cos_forgotten=lambda d: d.cos_forgotten * 0 + 0.2,
+                            chance_cos_retained=lambda d: d.cos_forgotten * 0 + 0.2)
+    rows = pipeline.findings("diff", "reconstruct_diff", ds, eps_rel=0.37)
+    assert {r[6] for r in _rows(rows, "recovered", "ga")} == {"recovered (mean over 3 nets 1.00)"}
+    assert [r[4].split(" ±")[0] for r in _rows(rows, "chance_cos", "ga")] == ["0.2"] * 2  # the chance baseline beside
+
+
+def test_the_regime_is_the_median_over_nets_of_the_trained_nets_residual():
+    unl = _group({"eps1_rel": lambda m, a, s: [0.01, 0.02, 0.4][s]})
+    assert pipeline.regime(unl) == pytest.approx(0.02)
+    unl["done"][{"seed": 1}] = False  # a net not done is not counted
+    assert pipeline.regime(unl) == pytest.approx((0.01 + 0.4) / 2)
+
+
+def test_a_reader_of_a_stage_without_an_alpha_axis_takes_it_from_the_stage():
+    unl = _group({"eps1_rel": lambda m, a, s: 0.01}, alphas=(1.0,)).isel(alpha=0, drop=True)
+    unl.attrs["kktlab_identity"] = json.dumps({"params": {"alpha": 1.0, "forget": 0}})
+    reader = _recon(0.0).isel(alpha=[1]).isel(alpha=0, drop=True)
+    ds = pipeline._with_method_alpha(reader, unl)
+    assert list(ds.alpha.values) == [1.0]
+    rows = pipeline.findings("recon", "reconstruct", ds, eps_rel=pipeline.regime(pipeline._with_method_alpha(unl, unl)))
+    assert [r[3] for r in _rows(rows, "recovered", "ga")] == ["1"]
