@@ -1,6 +1,6 @@
 """Benchmark (issue 41): does forge_net's stated error cover the truth? A coverage table on known answers.
 
-Nets: the ``train_kkt`` nets the CI chain forges (configs/pipeline-small.yaml: d = 10, m = 4, width 8,
+Nets: the ``train_kkt`` nets the synthetic CI chain forged (pipeline-small before issue 39: d = 10, m = 4, width 8,
 frozen ±1/√8 output layer, W trained, logistic loss, 3000 GD steps) and smaller ones (d = 3, width 6)
 at a larger eps. Per (net, training point, eps) the truth is plain Monte Carlo written here, outside
 forge_net's maths: x' uniform in a ball B_r(c) (intersected with the forging domain B_R(0)), the

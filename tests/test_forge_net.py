@@ -246,7 +246,7 @@ Z95 = 1.959963984540054
 
 
 def _kkt_net(d: int, m: int, width: int, seed: int) -> dict:
-    """One net as the CI chain trains it (configs/pipeline-small.yaml's train_kkt: frozen ±1/√width
+    """One net as the synthetic CI chain trained it (pipeline-small before issue 39, train_kkt: frozen ±1/√width
     output layer, W trained, logistic loss, 3000 GD steps from init scale 1e-3), called directly."""
     from flows import experiments
 
@@ -312,7 +312,7 @@ def test_stated_interval_covers_plain_mc_on_a_small_net(one_torch_thread):
 
 
 def test_an_estimate_outside_its_interval_is_never_marked_reliable(one_torch_thread):
-    """Issue 41 on the CI chain's own setting (configs/pipeline-small.yaml: train_kkt d = 10, width 8,
+    """Issue 41 on the synthetic CI chain's setting (pipeline-small before issue 39: train_kkt d = 10, width 8,
     eps = 0.3, W trained, n_samples 100, n_importance 1000): net seed 0, point 1, whose log-volume plain MC
     on B_0.35(x_i) gives to ±0.02 (the benchmark's 2e6 draws: -13.588 ± 0.005, B_0.45 agrees). Over 20
     estimator seeds: none stalls or returns -inf (the level function without g's plateau at 1; before:
