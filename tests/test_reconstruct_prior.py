@@ -10,35 +10,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
-from test_pipeline import _fixture_o_per_point
+from test_pipeline import attack_fixture_o
 
 RHO = 0.3
 
 
-def _attack(prior: float):
-    from tasks.cells import reconstruct as rc
-    from tasks.unlearn import METHODS
-
-    W, u, X, y = _fixture_o_per_point()
-    m, d = X.shape
-    lam = torch.full((1, m), float(m), dtype=torch.float64)
-    F = torch.zeros(1, 1, m, dtype=torch.bool)
-    F[0, 0, 0] = True
-    W_ga = METHODS["ga"](W[None], u[None], X[None], y[None], lam, F, torch.tensor([1.0], dtype=torch.float64))[0, 0, 0]
-    cells = [dict(seed=0, restart=r, radius=1.0, init="sphere", n_candidates=2 * m, steps=300, objective="haim",
-                  lr_x=0.01, lr_lam=1e-4, lam_min=0.01, alpha=300.0, surrogate=True, box=False, rho=RHO, shift=0.0,
-                  norm_prior=prior) for r in range(3)]
-    E = len(cells)
-    rep = lambda t: t[None].expand(E, *t.shape).clone()  # noqa: E731
-    best = {}
-    for name, net in (("trained", W), ("unlearned", W_ga)):
-        out = rc.run(rep(net), torch.zeros(E, m, dtype=torch.float64), rep(u), rep(X), rep(y),
-                     torch.ones(E, m, dtype=torch.bool), torch.full((E,), d), torch.full((E,), m), torch.full((E,), m),
-                     cells, blocks=torch.tensor([[True, False, False]] * E), forgotten=F[:, 0].expand(E, -1))
-        best[name] = (np.stack([o["point_dist"] for o in out]).min(0), out)  # best restart per point
-    return best
+def _attack(prior: float) -> dict:
+    """name -> (best distance per point over the restarts, the cells' outputs), before and after GA."""
+    return {name: (np.stack([o["point_dist"] for o in out]).min(0), out)
+            for name, out in attack_fixture_o(300, prior).items()}
 
 
 def test_with_the_norm_prior_the_point_is_recovered_by_distance_then_not_after_ga():
