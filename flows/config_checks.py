@@ -82,9 +82,24 @@ def check_fits(cfg: Config) -> None:
                       f"{cfg.runner['device']}); make it smaller" + (" or use fewer runner.workers" if workers > 1 else ""))
 
 
+def check_device(runner: dict) -> None:
+    """``device: cuda`` on a cluster whose workers run here (local, inline, cuda) needs a CUDA GPU here:
+    without one its bundles, annotated for GPU workers, would wait forever (issue 42). A scheduler
+    (``address``) may have GPU workers elsewhere, or get them later: not refused."""
+    if runner["device"] != "cuda" or runner["cluster"] == "address":
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ConfigError("runner.device", f"cuda, but no CUDA GPU is visible here (torch.cuda.is_available() is "
+                          f"False) and runner.cluster {runner['cluster']!r} runs its workers here; use device: auto "
+                          "or cpu, or a scheduler with GPU workers (runner.cluster: address)")
+
+
 def check_stages(cfg) -> None:
-    """:func:`check_fits` for every stage of ``cfg`` (a Config, or a chain of flows/stages.py), each
-    field named as the file names it (``stages[i].params.m`` in a chain)."""
+    """:func:`check_device`, then :func:`check_fits` for every stage of ``cfg`` (a Config, or a chain of
+    flows/stages.py), each field named as the file names it (``stages[i].params.m`` in a chain)."""
+    check_device(cfg.runner)
     for i, stage in enumerate(cfg.stages):
         try:
             check_fits(stage)

@@ -77,6 +77,21 @@ def test_cli_exits_nonzero_without_traceback(label, raw, field, hint, write_conf
     assert not (tmp_path / "s.zarr").exists()  # no work, not even an empty store
 
 
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without a CUDA GPU")
+def test_device_cuda_without_a_gpu_is_refused_before_anything_runs(write_config, capsys, tmp_path):
+    """Issue 42: ``device: cuda`` on a local cluster without a GPU was admitted and its bundles waited for a
+    GPU worker forever; now one line names runner.device, before any store or service (exit 2). A
+    scheduler address may have GPU workers: admitted."""
+    raw = dict(GOOD, runner={"workers": 1, "device": "cuda"})
+    rc = cli.main(["run", str(write_config(raw)), "--store", str(tmp_path / "s.zarr"), "--dry-run"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "'runner.device': cuda, but no CUDA GPU is visible here" in err and "Traceback" not in err
+    assert not (tmp_path / "s.zarr").exists()
+    config.check_stages(config.parse(dict(raw, runner={"device": "cuda", "cluster": "address",
+                                                        "address": "tcp://127.0.0.1:8786"})))
+    config.check_stages(config.parse(dict(raw, runner={"device": "auto"})))
+
+
 def test_yaml_error_and_missing_file(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text("experiment: [unclosed\n")
