@@ -13,7 +13,7 @@ import numpy as np
 import xarray as xr
 
 from analysis.common import REFERENCE, finish, plt
-from storage.query import usable
+from storage.query import fixed_params, usable
 from storage.stats import aggregate, caption, yerr
 
 SLOPE = {"med_delta_rel": -0.5, "med_gnorm": 0.5, "med_eta_star": -1.0, "med_eta_rel": -1.0}
@@ -139,10 +139,20 @@ def _panels(ds: xr.Dataset, out: pathlib.Path, prefix: str, by: str, fixed: dict
             plug = _mean(sub, "med_t_thm", ("d", by)).sel({by: da[by].values.max()}).values
             ax.loglog(d, plug, "g-.", label="G-plugin (median t_thm)")
         ax.set_xlabel("d")
-        points = "training" if "over training points" in ds[var].attrs.get("description", "") else "test"
-        ax.set_ylabel(f"{LABEL[var]} (median over {points} points)")
+        ax.set_ylabel(f"{LABEL[var]} (median over {points_of(ds, sub)} points)")
         paths.append(finish(fig, ax, out / f"{prefix}{tag}_{var}.png", f"{tag}: {LABEL[var]} vs d\n{caption(agg)}"))
     return paths
+
+
+def points_of(ds: xr.Dataset, sub: xr.Dataset) -> str:
+    """The points a single_step slice's medians are over: its ``points`` coordinate, else the group's
+    ``points`` parameter from its identity ("train": "training"; the default "test"); both values on the
+    grid and none selected: "training and test" (issue 40: read from what ran, not from a description)."""
+    if "points" in sub.coords:
+        values = {str(v) for v in np.atleast_1d(sub["points"].values)}
+    else:
+        values = {str(fixed_params(ds).get("points", "test"))}
+    return "training" if values == {"train"} else "test" if values == {"test"} else "training and test"
 
 
 def _fixed(ds: xr.Dataset, **want) -> dict:

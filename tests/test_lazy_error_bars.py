@@ -5,6 +5,8 @@ groups (no training), the axes inspected before they are saved."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import scipy.stats
@@ -124,7 +126,7 @@ def test_pgd_and_single_step_figures_name_the_points_attacked(word, drawn, tmp_p
     ds["rta"].attrs["long_name"] = f"robust {word} accuracy: y f(x_adv) > 0 at the final PGD iterate"
     figs.pgd_figures(ds, tmp_path, "")
     steps = _single_step([0, 1, 2])
-    steps["med_delta_rel"].attrs["description"] = f"median over {word} points of delta_rel"
+    steps.attrs["kktlab_identity"] = json.dumps({"params": {"points": {"test": "test", "training": "train"}[word]}})
     figs.single_step_figures(steps, tmp_path, "")
     (pgd_ax, title), step_ax = drawn[0], drawn[1][0]
     assert pgd_ax.get_ylabel() == f"robust {word} accuracy" and title.startswith(f"robust {word} accuracy vs budget")
