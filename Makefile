@@ -68,9 +68,16 @@ bench: install
 
 # the docs site (mkdocs-material, mkdocs.yml) into site/; --strict: a broken link or anchor, or a reference
 # page docs/gen_reference.py cannot generate from the code, fails the build
-.PHONY: docs
+.PHONY: docs tutorial
 docs: install
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+# docs/tutorial.md from a fresh run of configs/pipeline-small.yaml (~70 s on 2 cores): every number on the
+# page is written by this run (docs/gen_tutorial.py executes the page's code blocks against the store)
+tutorial: install
+	rm -rf results/pipeline-small.zarr results/pipeline-small.zarr.*
+	$(BIN)/kktlab run configs/pipeline-small.yaml
+	$(BIN)/python docs/gen_tutorial.py
 
 # a line every 10 s until the server answers (about a minute the first time), then one that it does
 server: install

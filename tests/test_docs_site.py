@@ -51,13 +51,14 @@ def test_the_config_page_has_every_experiment_parameter_and_variable(gen):
 
 def test_the_config_page_says_which_producers_unlearn_reads(gen):
     """The question a researcher could only answer from a refusal (issue 45): train_kkt's nets yes,
-    train's yes for the GA step over W, b, v but not for what needs a frozen output layer (issue 39),
-    lazy nets yes but not for retraining."""
+    train's yes for the GA step over W, b, v and for retraining (issue 39) but not for what needs a frozen
+    output layer (ref_retrain), lazy nets yes but not for retraining."""
     page = gen.config_page()
     table = page.split("### Which nets `unlearn` reads", 1)[1].split("###", 1)[0]
     rows = {line.split("|")[1].strip(): line for line in table.splitlines() if line.startswith("| `")}
     assert "| yes |" in rows["`train_kkt`"]
-    assert "| yes |" in rows["`train`"] and "`method: 'retrain'`" in rows["`train`"]
+    assert "| yes |" in rows["`train`"] and "`ref_retrain: True`" in rows["`train`"]
+    assert "`method: 'retrain'`" not in rows["`train`"]
     assert "| yes |" in rows["`lazy_train`"] and "`method: 'retrain'`" in rows["`lazy_train`"]
 
 
@@ -94,3 +95,17 @@ def test_every_page_of_the_nav_exists_or_is_generated(gen):
     walk(config["nav"])
     missing = [p for p in pages if not (ROOT / "docs" / p).exists() and p not in gen.PAGES]
     assert not missing, missing
+
+
+def test_the_tutorial_is_its_template_run(gen):
+    """docs/tutorial.md is docs/tutorial.template.md as docs/gen_tutorial.py ran it (issue 45): the same
+    code blocks in the same order, each followed by what it printed, and the chain table in place of
+    its marker (`make tutorial` rewrites it; .ci/run does so before building the site)."""
+    import re
+
+    docs = ROOT / "docs"
+    code = re.compile(r"```python\n(.*?)```\n", re.S)
+    template, page = (docs / "tutorial.template.md").read_text(), (docs / "tutorial.md").read_text()
+    assert code.findall(page) == code.findall(template) and len(code.findall(page)) >= 4
+    assert len(re.findall(r"```python\n.*?```\n```text\n", page, re.S)) == len(code.findall(page))
+    assert "<!-- chain table -->" not in page and "| stage | quantity | method | α |" in page
