@@ -194,8 +194,9 @@ def needs(cell: dict) -> NetsNeeds:
     """Paper 001's setting: a frozen output layer, W trained (and a bias, measured with it; a bias held
     fixed at a non-zero value is not a parameter of the GA step nor absent: tasks/cells/unlearn.py
     refuses it); or every block trained (paper 002 / 004's nets: the step over W, b, v,
-    tasks/cells/unlearn_full.py; identity, ga, k_ga); never nets something was already forgotten
-    from; the retrain reference and D_MG test points redraw what ``train_kkt`` drew."""
+    tasks/cells/unlearn_full.py; identity, ga, k_ga, and retrain by ``train``'s own training); never
+    nets something was already forgotten from; the ref_retrain reference and D_MG test points redraw
+    what ``train_kkt`` drew."""
     redraw = cell["ref_retrain"] or cell["test_points"] > 0
     if cell["method"] == "retrain" and not redraw and cell["model"] != "linear":  # the producer trains again
         return NetsNeeds(trained=(frozenset({"W"}), frozenset({"W", "b"}), frozenset({"W", "b", "v"})),
