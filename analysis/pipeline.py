@@ -209,7 +209,8 @@ def store_figures(store, out) -> tuple[list[pathlib.Path], list[str]]:
              "first averaged over the axes named below). identity and retrain do not depend on α: one row each "
              "(α —). The KKT attack (reconstruct) is judged only on nets near a KKT point (median ε1_rel ≤ "
              f"{KKT_EPS_REL:g}) and, for GA and retrain, only where it recovers the point from the original "
-             "nets (identity: the known positive); the forgotten point is \"recovered\" within ρ in ≥ {RECOVERED:.0%} of the nets, "
+             f"nets (identity: the known positive); the forgotten point is \"recovered\" within ρ in "
+             f"≥ {RECOVERED:.0%} of the nets, "
              f"\"not recovered\" in ≤ {NOT_RECOVERED:.0%}; the other readers' numbers are judged nothing.", "",
              *[f"- {w}" for w in what], *[f"- {s}" for s in skipped], "",
              "| stage | quantity | method | α | forgotten | retained | verdict |",

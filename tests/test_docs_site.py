@@ -109,3 +109,4 @@ def test_the_tutorial_is_its_template_run(gen):
     assert code.findall(page) == code.findall(template) and len(code.findall(page)) >= 4
     assert len(re.findall(r"```python\n.*?```\n```text\n", page, re.S)) == len(code.findall(page))
     assert "<!-- chain table -->" not in page and "| stage | quantity | method | α |" in page
+    assert "{" not in page.split("### The chain", 1)[1].split("|", 1)[0]  # its text formatted, thresholds shown
