@@ -1,8 +1,10 @@
 """The cross-paper chain's figures and findings (issues 27, 39): for every stage that reads an ``unlearn``
 stage's nets, its forgotten-point numbers beside its retained-point numbers, against α, one line per
-unlearning method, mean and Student's t 95 % interval over the nets (upstream seeds; every other axis,
-e.g. an attack radius, averaged within each net first: storage/stats.py), with the count of nets per
-point and the axes averaged named.
+unlearning method, mean and Student's t 95 % interval over the nets (upstream seeds: storage/stats.py),
+with the count of nets per point. Every other axis (the reader's own, e.g. an attack radius or the
+attacker's norm prior, and the upstream stages' others, e.g. the data dimension) is a **setting**: never
+averaged. The table has one row per setting, which it names, and a verdict judges that setting alone;
+the figure has one panel row per setting.
 
 - **References once.** ``identity`` and ``retrain`` do not depend on α (their nets are the trained and
   the retrained ones, whatever α the grid crosses them with): each is drawn as one horizontal line with
@@ -12,27 +14,29 @@ point and the axes averaged named.
   without forgotten / retained numbers) is listed as not drawn, with why.
 - **A verdict only in its regime.** Paper 004's KKT attack (``reconstruct``) assumes a net near a KKT
   point of the max-margin problem. Its rows carry a verdict on the forgotten point (recovered by
-  distance, spec 004's ρ rule, in ≥ 50 % of the nets: "recovered"; in ≤ 20 %: "not recovered"; else
-  "unclear") only where the median ε1_rel of the nets it attacks (the unlearn stage's KKT fit of the
-  trained nets) is at most :data:`KKT_EPS_REL`; elsewhere "no verdict" and the median that refused it.
-  A KKT attack's verdict on another method also needs its known positive: the point recovered from the
-  original nets (``identity``, ≥ 50 %); without one, "no verdict". The difference attack
+  distance, spec 004's ρ rule: the mean over the nets of the fraction of forgotten points recovered,
+  with one forgotten point per net the fraction of nets, ≥ 50 %: "recovered"; ≤ 20 %: "not
+  recovered"; else "unclear") only where the median ε1_rel of the nets it attacks (the unlearn stage's
+  KKT fit of the trained nets at the same setting; the median and its n from storage/stats.py) is at
+  most :data:`KKT_EPS_REL`; elsewhere "no verdict" and the median that refused it. A KKT attack's
+  verdict on another method also needs its known positive at the same setting: the point recovered
+  from the original nets (``identity``, ≥ 50 %); without one, "no verdict". The difference attack
   (``reconstruct_diff``) reads the update itself and needs neither. The
   other readers' numbers are new questions: measured values with intervals, judged nothing.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import pathlib
 
-import numpy as np
 import xarray as xr
 
 from analysis.common import plt, save
 from storage.query import groups, open_results, stage_scalars, usable
-from storage.stats import aggregate, caption, half_width, yerr
+from storage.stats import NETS, aggregate, caption, half_width, yerr
 
 # reader experiment -> the (forgotten, retained, label) pairs it reports apart; the first is drawn
 PAIRS = {"reconstruct": (("recovered_forgotten", "recovered_retained", "recovered within ρ (fraction of points)"),
@@ -90,31 +94,50 @@ def _with_method_alpha(ds: xr.Dataset, unlearn: xr.Dataset) -> xr.Dataset:
 
 
 def summary(ds: xr.Dataset, var: str) -> xr.Dataset:
-    """:func:`storage.stats.aggregate` of ``var`` per (method, alpha): each net (seed) first averaged over
-    every other axis, then the mean and Student's t interval over the nets; usable cells only (done,
-    not failed, not damaged, an ok status), finite values, the rest counted."""
-    other = [d for d in ds[var].dims if d not in ("method", "alpha")]
-    return aggregate(ds[var], other, usable=usable(ds), done=ds["done"]).compute()
+    """:func:`storage.stats.aggregate` of ``var`` over the nets (seeds) per (method, alpha) and per setting
+    (every other axis kept: never pooled); usable cells only (done, not failed, not damaged, an ok
+    status), finite values, the rest counted."""
+    return aggregate(ds[var], (NETS,), usable=usable(ds), done=ds["done"]).compute()
 
 
-def regime(unlearn: xr.Dataset) -> float:
-    """The median over the nets of ``eps1_rel`` (the trained net's KKT residual ‖θ − Σλ_i y_i∇N‖/‖θ‖ as
-    the unlearn stage fitted it; one value per net, read at the first method and α), NaN if none."""
-    first = {"method": 0, "alpha": 0}  # (a dict: isel(method=...) reads as xarray's own keyword)
-    e = unlearn["eps1_rel"].isel(first).where(unlearn["done"].isel(first).astype(bool))
-    v = e.values[np.isfinite(e.values)]
-    return float(np.median(v)) if v.size else math.nan
+def settings(agg: xr.Dataset) -> list[dict]:
+    """Each setting of an aggregate (one value of every axis but method and alpha), in coordinate order;
+    one empty setting where there is no other axis."""
+    dims = [d for d in agg.estimate.dims if d not in ("method", "alpha")]
+    return [dict(zip(dims, vals)) for vals in itertools.product(*(agg[d].values.tolist() for d in dims))]
 
 
-def verdict(exp: str, recovered: xr.Dataset, eps_rel: float, positive: float | None = None) -> str:
-    """The forgotten point's verdict for one (method, α) entry of a KKT attack or the difference attack
-    (``recovered``: the aggregate of ``recovered_forgotten``), or "" for the other readers. ``positive``:
-    for an entry of a KKT attack other than ``identity``, identity's mean (the attack on the original
-    nets: the known positive a "not recovered" needs; None: no identity entry)."""
+def setting_label(setting: dict) -> str:
+    """"radius=1, norm_prior=0" (the slice a row judged), "—" for none."""
+    return ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in setting.items()) or "—"
+
+
+def regime(unlearn: xr.Dataset) -> xr.Dataset:
+    """The median over the nets (with its n) of ``eps1_rel`` (the trained net's KKT residual
+    ‖θ − Σλ_i y_i∇N‖/‖θ‖ as the unlearn stage fitted it; one value per net, read at the first method and
+    α) per setting of the unlearn stage's other axes: :func:`storage.stats.aggregate`, usable cells only;
+    estimate NaN where none."""
+    first = unlearn.isel({"method": 0, "alpha": 0})  # (a dict: isel(method=...) reads as xarray's own keyword)
+    return aggregate(first["eps1_rel"], (NETS,), usable=usable(first), done=first["done"], stat="median").compute()
+
+
+def _at(agg: xr.Dataset, setting: dict) -> xr.Dataset:
+    """``agg`` at the part of ``setting`` it has axes for."""
+    return agg.sel({k: v for k, v in setting.items() if k in agg.dims})
+
+
+def verdict(exp: str, recovered: xr.Dataset, eps: xr.Dataset | None, positive: float | None = None) -> str:
+    """The forgotten point's verdict for one (method, α, setting) entry of a KKT attack or the difference
+    attack (``recovered``: the aggregate of ``recovered_forgotten`` there; ``eps``: :func:`regime` at the
+    same setting; None: unknown, no verdict for a KKT attack), or "" for the other readers. ``positive``: for an entry of a KKT attack other than
+    ``identity``, identity's mean at the same setting (the attack on the original nets: the known
+    positive a "not recovered" needs; None: no identity entry)."""
     if exp not in ("reconstruct", "reconstruct_diff"):
         return ""
+    eps_rel, n_eps = (float(eps.estimate), int(eps.n)) if eps is not None else (math.nan, 0)
     if exp in KKT_ATTACKS and not eps_rel <= KKT_EPS_REL:
-        return f"no verdict: nets outside the KKT regime (median ε1_rel {eps_rel:.2g} > {KKT_EPS_REL:g})"
+        return (f"no verdict: nets outside the KKT regime (median ε1_rel {eps_rel:.2g} over {n_eps} nets "
+                f"> {KKT_EPS_REL:g})")
     if exp in KKT_ATTACKS and positive is not None and not positive >= RECOVERED:
         return (f"no verdict: no known positive (from the original nets, identity, the attack recovers the "
                 f"point in {positive:.2f} of the nets)")
@@ -137,37 +160,45 @@ def _pick(s: xr.Dataset, method: str, alpha: float | None, first: float) -> xr.D
 
 
 def figure(g: str, exp: str, ds: xr.Dataset, out: pathlib.Path) -> pathlib.Path | None:
+    """One panel per (setting, pair): the forgotten (solid) and retained (dashed) numbers against α, one
+    colour per method; the references as a line and its band."""
     pairs = [p for p in PAIRS[exp] if not p[0].startswith("chance")]
     sums = [(summary(ds, f), summary(ds, r), label) for f, r, label in pairs]
     if all(int(f.n.sum()) == 0 and int(r.n.sum()) == 0 for f, r, _ in sums):
         return None
-    fig, axes = plt.subplots(1, len(sums), figsize=(5.0 * len(sums), 3.4), squeeze=False)
+    rows = settings(sums[0][0])
+    fig, axes = plt.subplots(len(rows), len(sums), figsize=(5.0 * len(sums), 3.4 * len(rows)), squeeze=False)
     alphas, first = ds.alpha.values.astype(float), float(ds.alpha.values[0])
     span = (alphas.min() - 0.1, alphas.max() + 0.1)
-    for ax, (f, r, label) in zip(axes[0], sums):
-        for i, method in enumerate(ds.method.values):
-            colour = f"C{i}"  # the project palette (analysis/kktlab.mplstyle)
-            for s, style, what in ((f, "-", "forgotten"), (r, "--", "retained")):
-                if str(method) in REFERENCES:  # one line and its band: the same nets at every α
-                    one = _pick(s, str(method), None, first)
-                    ax.hlines(float(one.estimate), *span, colors=colour, linestyles=style,
-                              label=f"{method}: {what} (n={int(one.n)})")
-                    ax.fill_between(span, float(one.lo), float(one.hi), color=colour, alpha=0.12, lw=0)
-                    continue
-                one = s.sel({"method": method})
-                ax.errorbar(alphas, one.estimate.values, yerr=yerr(one), fmt="o" + style, color=colour, capsize=3,
-                            ms=4, label=f"{method}: {what}")
-        ax.set_xlabel("α (GA step as a fraction of λ_l)")
-        ax.set_ylabel(label)
-        ax.set_title(f"{g} ({exp}): forgotten vs retained points\n{caption([f, r])}", fontsize=8)
-        ax.legend(fontsize=6, ncol=2)
-        ax.grid(alpha=0.3)
+    for row, setting in zip(axes, rows):
+        for ax, (f_all, r_all, label) in zip(row, sums):
+            f, r = _at(f_all, setting), _at(r_all, setting)
+            for i, method in enumerate(ds.method.values):
+                colour = f"C{i}"  # the project palette (analysis/kktlab.mplstyle)
+                for s, style, what in ((f, "-", "forgotten"), (r, "--", "retained")):
+                    if str(method) in REFERENCES:  # one line and its band: the same nets at every α
+                        one = _pick(s, str(method), None, first)
+                        ax.hlines(float(one.estimate), *span, colors=colour, linestyles=style,
+                                  label=f"{method}: {what} (n={int(one.n)})")
+                        ax.fill_between(span, float(one.lo), float(one.hi), color=colour, alpha=0.12, lw=0)
+                        continue
+                    one = s.sel({"method": method})
+                    ax.errorbar(alphas, one.estimate.values, yerr=yerr(one), fmt="o" + style, color=colour,
+                                capsize=3, ms=4, label=f"{method}: {what}")
+            ax.set_xlabel("α (GA step as a fraction of λ_l)")
+            ax.set_ylabel(label)
+            where = "" if not setting else f" at {setting_label(setting)}"
+            ax.set_title(f"{g} ({exp}){where}: forgotten vs retained points\n{caption([f, r])}", fontsize=8)
+            ax.legend(fontsize=6, ncol=2)
+            ax.grid(alpha=0.3)
     return save(fig, out / f"pipeline_{g}.png")
 
 
-def findings(g: str, exp: str, ds: xr.Dataset, eps_rel: float = math.nan) -> list[str]:
-    """Markdown rows: stage, quantity, method, α ("—" for a reference), forgotten mean ± half-width (n),
-    retained mean ± half-width (n), the verdict (``reconstruct`` / ``reconstruct_diff``, on the first pair)."""
+def findings(g: str, exp: str, ds: xr.Dataset, eps: xr.Dataset | None = None) -> list[str]:
+    """Markdown rows: stage, quantity, method, α ("—" for a reference), setting (the values of the other
+    axes: the slice the row judged), forgotten mean ± half-width (n), retained mean ± half-width (n), the
+    verdict (``reconstruct`` / ``reconstruct_diff``, on the first pair; ``eps``: :func:`regime` of the
+    unlearn stage read)."""
     first = float(ds.alpha.values[0])
 
     def cell(s, mth, a):
@@ -178,13 +209,16 @@ def findings(g: str, exp: str, ds: xr.Dataset, eps_rel: float = math.nan) -> lis
 
     rows = []
     for j, (fvar, rvar, _) in enumerate(PAIRS[exp]):
-        f, r = summary(ds, fvar), summary(ds, rvar)
-        known = float(_pick(f, "identity", None, first).estimate) if "identity" in ds.method.values else math.nan
-        for mth, a in _entries(ds):
-            positive = None if mth == "identity" else known
-            judged = verdict(exp, _pick(f, mth, a, first), eps_rel, positive) if j == 0 else ""
-            rows.append(f"| {g} | {fvar.removesuffix('_forgotten')} | {mth} | {'—' if a is None else f'{a:g}'} | "
-                        f"{cell(f, mth, a)} | {cell(r, mth, a)} | {judged} |")
+        f_all, r_all = summary(ds, fvar), summary(ds, rvar)
+        for setting in settings(f_all):
+            f, r = _at(f_all, setting), _at(r_all, setting)
+            known = float(_pick(f, "identity", None, first).estimate) if "identity" in ds.method.values else None
+            for mth, a in _entries(ds):
+                positive = None if mth == "identity" else known
+                at = _at(eps, setting) if eps is not None else None
+                judged = verdict(exp, _pick(f, mth, a, first), at, positive) if j == 0 else ""
+                rows.append(f"| {g} | {fvar.removesuffix('_forgotten')} | {mth} | {'—' if a is None else f'{a:g}'} | "
+                            f"{setting_label(setting)} | {cell(f, mth, a)} | {cell(r, mth, a)} | {judged} |")
     return rows
 
 
@@ -200,21 +234,25 @@ def store_figures(store, out) -> tuple[list[pathlib.Path], list[str]]:
         p = figure(g, exp, ds, out)
         if p is not None:
             paths.append(p)
-        eps_rel = regime(unl)
-        rows += findings(g, exp, ds, eps_rel)
-        what += [f"{g} (reads {_identity(ds).get('from')}: nets at median ε1_rel {eps_rel:.2g}): "
+        eps = regime(unl)
+        rows += findings(g, exp, ds, eps)
+        kkt = "; ".join(f"{setting_label(st)}: {float(_at(eps, st).estimate):.2g} (n = {int(_at(eps, st).n)})"
+                        for st in settings(eps)) if eps.estimate.dims else \
+            f"{float(eps.estimate):.2g} (n = {int(eps.n)})"
+        what += [f"{g} (reads {_identity(ds).get('from')}: nets at median ε1_rel {kkt}): "
                  f"{caption([summary(ds, v) for v in PAIRS[exp][0][:2]], 'per entry')}"]
     lines = ["## The chain: forgotten vs retained points", "",
-             "Measured values, mean ± Student's t 95 % interval over the nets (n nets per entry, each net "
-             "first averaged over the axes named below). identity and retrain do not depend on α: one row each "
+             "Measured values, mean ± Student's t 95 % interval over the nets (n nets per entry). Every other "
+             "axis is a setting, never averaged: one row per setting, named in its row, and a verdict judges "
+             "that setting alone. identity and retrain do not depend on α: one row each per setting "
              "(α —). The KKT attack (reconstruct) is judged only on nets near a KKT point (median ε1_rel ≤ "
-             f"{KKT_EPS_REL:g}) and, for GA and retrain, only where it recovers the point from the original "
-             f"nets (identity: the known positive); the forgotten point is \"recovered\" within ρ in "
-             f"≥ {RECOVERED:.0%} of the nets, "
+             f"{KKT_EPS_REL:g} over the nets) and, for GA and retrain, only where it recovers the point from the "
+             f"original nets at the same setting (identity: the known positive); the forgotten point is "
+             f"\"recovered\" within ρ in ≥ {RECOVERED:.0%} of the nets, "
              f"\"not recovered\" in ≤ {NOT_RECOVERED:.0%}; the other readers' numbers are judged nothing.", "",
              *[f"- {w}" for w in what], *[f"- {s}" for s in skipped], "",
-             "| stage | quantity | method | α | forgotten | retained | verdict |",
-             "| --- | --- | --- | --- | --- | --- | --- |", *rows, ""]
+             "| stage | quantity | method | α | setting | forgotten | retained | verdict |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |", *rows, ""]
     lines += [f"![{p.stem}]({p.name})" for p in paths] + [""]
     return paths, lines
 

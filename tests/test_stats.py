@@ -141,17 +141,19 @@ def _chain_group(var: str, dims: dict, values: np.ndarray) -> xr.Dataset:
 
 
 def test_chain_findings_count_nets_not_radii():
-    """The chain's table (analysis/pipeline.py): 3 nets x 2 radii is n = 3, with the t interval of the
-    per-net means, and the radius axis named as averaged."""
+    """The chain's table (analysis/pipeline.py): 3 nets x 2 radii is one row per radius (a setting,
+    never averaged), each n = 3 nets with the t interval over them."""
     from analysis import pipeline
 
     dims = {"seed": [0, 1, 2], "method": ["ga"], "alpha": [1.0], "R": [0.05, 0.2]}
     x = np.array([[1.0, 3.0], [2.0, 8.0], [6.0, 4.0]])[:, None, None, :]
     ds = _chain_group("rta_forgotten", dims, x).assign(rta_retained=lambda d: d.rta_forgotten * 0 + 1.0)
-    (row,) = pipeline.findings("pgd", "pgd", ds)
-    half = sps_t975(3) * np.std([2.0, 5.0, 5.0], ddof=1) / np.sqrt(3)
-    assert f"4 ± {half:.2g} (n=3)" in row, row
-    assert "R averaged within each net" in caption(pipeline.summary(ds, "rta_forgotten"))
+    rows = pipeline.findings("pgd", "pgd", ds)
+    assert len(rows) == 2, rows
+    for row, radius, per_net in zip(rows, ("0.05", "0.2"), ([1.0, 2.0, 6.0], [3.0, 8.0, 4.0])):
+        half = sps_t975(3) * np.std(per_net, ddof=1) / np.sqrt(3)
+        assert f"| R={radius} | {np.mean(per_net):.4g} ± {half:.2g} (n=3) |" in row, row
+    assert "averaged within each net" not in caption(pipeline.summary(ds, "rta_forgotten"))
 
 
 def test_unlearn_band_is_the_t_interval_clipped_at_zero():
