@@ -53,14 +53,23 @@ def _client():
     return get_client(sync_client=True)
 
 
+_AT_ONCE: list = [None, None]  # (the settings it was made from, those settings without retries)
+
+
 def _at_once():
     """Prefect's client settings for a call that is skipped, not retried, while the server is away
     (an update made again at the next progress line): no retries and no backoff. The calls made
     once per run (the name, the cards' creation, the summary) keep Prefect's retries, which ride
-    out a restart of the server in a served run (deploy/api_retry.py)."""
-    from prefect.settings import PREFECT_CLIENT_MAX_RETRIES, temporary_settings
+    out a restart of the server in a served run (deploy/api_retry.py). Prefect's
+    ``temporary_settings`` rebuilt and validated the whole settings model on every progress update
+    (~26 ms); the copy is made once per settings object the context holds."""
+    import prefect.context
+    from prefect.settings import PREFECT_CLIENT_MAX_RETRIES
 
-    return temporary_settings(updates={PREFECT_CLIENT_MAX_RETRIES: 0})
+    context = prefect.context.get_settings_context()
+    if _AT_ONCE[0] is not context.settings:
+        _AT_ONCE[:] = [context.settings, context.settings.copy_with_update(updates={PREFECT_CLIENT_MAX_RETRIES: 0})]
+    return prefect.context.SettingsContext(profile=context.profile, settings=_AT_ONCE[1])
 
 
 def root_run() -> tuple[str | None, dict]:

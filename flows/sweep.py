@@ -274,18 +274,22 @@ def plan(cfg: config_mod.Config, store: Store, force: bool, retry_failed: bool =
     from storage.stale import stale_cells
 
     cells = cfg.store_cells()
-    restored = store.restore_arrays(cfg.exp, cfg.store_grid, cfg.extra_sizes())
-    if restored:
-        print(f"[kktlab] {store.path}: re-created damaged arrays from the template: {', '.join(restored)} "
-              f"(group '{cfg.name}')", file=sys.stderr)
-    report = store.verify(cfg.exp)
-    if report.damaged:
-        print(f"[kktlab] {report.damaged} done cells of '{cfg.name}' are damaged; they are recomputed:", file=sys.stderr)
-        print("\n".join(report.lines(SHOWN_DAMAGED)), file=sys.stderr)
-    store.mark_not_done(report.cells)
-    stale = store.mark_not_done(stale_cells(store.path, store.group_name).cells)
+    stale = damaged = 0
+    if not store.created:  # a group this run made holds nothing yet: ~0.1 s a stage of checks saved
+        restored = store.restore_arrays(cfg.exp, cfg.store_grid, cfg.extra_sizes())
+        if restored:
+            print(f"[kktlab] {store.path}: re-created damaged arrays from the template: {', '.join(restored)} "
+                  f"(group '{cfg.name}')", file=sys.stderr)
+        report = store.verify(cfg.exp)
+        if report.damaged:
+            print(f"[kktlab] {report.damaged} done cells of '{cfg.name}' are damaged; they are recomputed:",
+                  file=sys.stderr)
+            print("\n".join(report.lines(SHOWN_DAMAGED)), file=sys.stderr)
+        damaged = report.damaged
+        store.mark_not_done(report.cells)
+        stale = store.mark_not_done(stale_cells(store.path, store.group_name).cells)
     if stats is not None:
-        stats["stale_recomputed"], stats["damaged_recomputed"] = stale, report.damaged
+        stats["stale_recomputed"], stats["damaged_recomputed"] = stale, damaged
     done = store.done_mask().ravel()
     if retry_failed:
         done &= ~store.failed_mask().ravel()
@@ -363,8 +367,10 @@ def run(cfg, store_path: str, force: bool = False, retry_failed: bool = False, w
     and held until the flow run ends, whatever the way out: another run computing one of them
     refuses this one in one line naming it, before any flow run or cluster starts, or, with
     ``wait`` (``kktlab run --wait``), is waited for, and this run then skips the cells it stored."""
+    from deploy import tls_context
     from storage import runlock
 
+    tls_context.install()  # this process's Prefect clients share one TLS context (its workers': their preload)
     runner = dask_specs.task_runner(cfg.runner)
     raw = dict(cfg.to_dict(), _text=cfg.text)
     raw.pop("store")

@@ -14,14 +14,12 @@ a deleted array and a damaged ``kktlab_nets_arrays`` are re-created (:meth:`Stor
 from __future__ import annotations
 
 import datetime
-import hashlib
 import itertools
 import json
 import os
 import pathlib
 import platform
 import shutil
-import subprocess
 import tempfile
 import warnings
 
@@ -32,10 +30,9 @@ from filelock import FileLock
 
 from core.declare import Experiment
 from core.errors import StoreError
-from storage import blocks, nets as nets_mod, schema
+from storage import blocks, nets as nets_mod, schema, verify as verify_mod
 from storage.hashing import content_hash, content_hashes  # noqa: F401 (re-exported)
 from storage.provenance import git_commit, versions
-from storage import verify as verify_mod
 from storage.foreign import check_kktlab_store
 
 warnings.filterwarnings("ignore", message=".*Consolidated metadata.*")
@@ -52,6 +49,7 @@ class Store:
         self.group_name = group
         self._group_rw: zarr.Group | None = None  # opened once for writing, with its arrays
         self._arrays: dict[str, zarr.Array] = {}  # (each metadata read costs ~3 ms)
+        self.created = False  # made empty by this object's open_or_create: nothing in it to check or repair
 
     # --- creation / checks -----------------------------------------------------------------
     def identity(self, exp: Experiment, grid: dict[str, list], params: dict, cases: dict | None = None,
@@ -121,6 +119,7 @@ class Store:
         else:
             os.replace(root / self.group_name, gpath)
         shutil.rmtree(partial)
+        self.created = True
         return self
 
     def check_identity(self, ident: dict, defaults: dict | None = None, inherited: set | None = None) -> None:

@@ -1,0 +1,52 @@
+"""Prefect API clients as kktlab's processes make them (deploy/tls_context.py, flows/run_ui.py): every
+client of a process shares one TLS context per CA file (Prefect built one per client, ~16 ms of CPU
+each, on every task run of a Dask worker), with the verification Prefect sets up; a progress update
+is made without retries, the settings copy made once."""
+
+from __future__ import annotations
+
+import ssl
+
+import pytest
+
+
+@pytest.fixture
+def api_url(monkeypatch):
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")  # never contacted: clients are only made
+
+
+def test_clients_share_one_verified_tls_context(api_url):
+    import certifi
+    from prefect.client.orchestration import get_client
+
+    from deploy import tls_context
+
+    assert tls_context.install() and tls_context.install()  # idempotent
+    contexts = [get_client(sync_client=True)._client._transport._pool._ssl_context for _ in range(3)]
+    contexts += [get_client()._client._transport._pool._ssl_context]
+    assert all(c is contexts[0] for c in contexts)
+    ctx = contexts[0]
+    assert ctx.verify_mode == ssl.CERT_REQUIRED and ctx.check_hostname  # Prefect's verified context
+    from prefect.settings import PREFECT_API_SSL_CERT_FILE
+
+    prefects = ssl.create_default_context(cafile=PREFECT_API_SSL_CERT_FILE.value() or certifi.where())
+    assert ctx.get_ca_certs() and ctx.get_ca_certs() == prefects.get_ca_certs()  # the CA file Prefect names
+    from prefect.client import orchestration
+
+    other = orchestration.ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)  # any other use: made as before
+    assert other is not ctx and orchestration.ssl.create_default_context(ssl.Purpose.CLIENT_AUTH) is not other
+
+
+def test_a_progress_update_is_made_without_retries_from_one_settings_copy(api_url):
+    from prefect.settings import PREFECT_CLIENT_MAX_RETRIES
+
+    from flows import run_ui
+
+    default = PREFECT_CLIENT_MAX_RETRIES.value()
+    assert default > 0
+    with run_ui._at_once():
+        assert PREFECT_CLIENT_MAX_RETRIES.value() == 0
+        first = run_ui._AT_ONCE[1]
+    assert PREFECT_CLIENT_MAX_RETRIES.value() == default
+    with run_ui._at_once():
+        assert PREFECT_CLIENT_MAX_RETRIES.value() == 0 and run_ui._AT_ONCE[1] is first
