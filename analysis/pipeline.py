@@ -1,6 +1,7 @@
 """The cross-paper chain's figures and findings (issues 27, 39): for every stage that reads an ``unlearn``
 stage's nets, its forgotten-point numbers beside its retained-point numbers, against α, one line per
-unlearning method, mean and Student's t 95 % interval over the nets (upstream seeds: storage/stats.py),
+unlearning method, mean and 95 % interval over the nets (upstream seeds: storage/stats.py; Student's t,
+or Clopper-Pearson's for a proportion of nets such as "recovered", shown as [lo, hi]),
 with the count of nets per point. Every other axis (the reader's own, e.g. an attack radius or the
 attacker's norm prior, and the upstream stages' others, e.g. the data dimension) is a **setting**: never
 averaged. The table has one row per setting, which it names, and a verdict judges that setting alone;
@@ -36,7 +37,7 @@ import xarray as xr
 
 from analysis.common import plt, save
 from storage.query import groups, open_results, stage_scalars, usable
-from storage.stats import NETS, aggregate, caption, half_width, yerr
+from storage.stats import NETS, aggregate, caption, estimate_text, yerr
 
 # reader experiment -> the (forgotten, retained, label) pairs it reports apart; the first is drawn
 PAIRS = {"reconstruct": (("recovered_forgotten", "recovered_retained", "recovered within ρ (fraction of points)"),
@@ -205,7 +206,7 @@ def findings(g: str, exp: str, ds: xr.Dataset, eps: xr.Dataset | None = None) ->
         one = _pick(s, mth, a, first)
         left = "".join(f", {int(one[k])} {what}" for k, what in (("n_inf", "±inf"), ("n_nan", "NaN"),
                                                                   ("n_excluded", "not usable")) if int(one[k]))
-        return f"{float(one.estimate):.4g} ± {float(half_width(one)):.2g} (n={int(one.n)}{left})"
+        return f"{estimate_text(one)} (n={int(one.n)}{left})"
 
     rows = []
     for j, (fvar, rvar, _) in enumerate(PAIRS[exp]):
@@ -242,7 +243,8 @@ def store_figures(store, out) -> tuple[list[pathlib.Path], list[str]]:
         what += [f"{g} (reads {_identity(ds).get('from')}: nets at median ε1_rel {kkt}): "
                  f"{caption([summary(ds, v) for v in PAIRS[exp][0][:2]], 'per entry')}"]
     lines = ["## The chain: forgotten vs retained points", "",
-             "Measured values, mean ± Student's t 95 % interval over the nets (n nets per entry). Every other "
+             "Measured values, mean and 95 % interval over the nets (n nets per entry): ± Student's t, or "
+             "[lo, hi] where each net's value is 0 or 1 (a proportion of nets: Clopper-Pearson). Every other "
              "axis is a setting, never averaged: one row per setting, named in its row, and a verdict judges "
              "that setting alone. identity and retrain do not depend on α: one row each per setting "
              "(α —). The KKT attack (reconstruct) is judged only on nets near a KKT point (median ε1_rel ≤ "

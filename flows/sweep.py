@@ -274,22 +274,18 @@ def plan(cfg: config_mod.Config, store: Store, force: bool, retry_failed: bool =
     from storage.stale import stale_cells
 
     cells = cfg.store_cells()
-    stale = damaged = 0
-    if not store.created:  # a group this run made holds nothing yet: ~0.1 s a stage of checks saved
-        restored = store.restore_arrays(cfg.exp, cfg.store_grid, cfg.extra_sizes())
-        if restored:
-            print(f"[kktlab] {store.path}: re-created damaged arrays from the template: {', '.join(restored)} "
-                  f"(group '{cfg.name}')", file=sys.stderr)
-        report = store.verify(cfg.exp)
-        if report.damaged:
-            print(f"[kktlab] {report.damaged} done cells of '{cfg.name}' are damaged; they are recomputed:",
-                  file=sys.stderr)
-            print("\n".join(report.lines(SHOWN_DAMAGED)), file=sys.stderr)
-        damaged = report.damaged
-        store.mark_not_done(report.cells)
-        stale = store.mark_not_done(stale_cells(store.path, store.group_name).cells)
+    restored = store.restore_arrays(cfg.exp, cfg.store_grid, cfg.extra_sizes())
+    if restored:
+        print(f"[kktlab] {store.path}: re-created damaged arrays from the template: {', '.join(restored)} "
+              f"(group '{cfg.name}')", file=sys.stderr)
+    report = store.verify(cfg.exp)
+    if report.damaged:
+        print(f"[kktlab] {report.damaged} done cells of '{cfg.name}' are damaged; they are recomputed:", file=sys.stderr)
+        print("\n".join(report.lines(SHOWN_DAMAGED)), file=sys.stderr)
+    store.mark_not_done(report.cells)
+    stale = store.mark_not_done(stale_cells(store.path, store.group_name).cells)
     if stats is not None:
-        stats["stale_recomputed"], stats["damaged_recomputed"] = stale, damaged
+        stats["stale_recomputed"], stats["damaged_recomputed"] = stale, report.damaged
     done = store.done_mask().ravel()
     if retry_failed:
         done &= ~store.failed_mask().ravel()

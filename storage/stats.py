@@ -16,7 +16,12 @@ no interval.
 
 - ``"t"`` (the default for ``stat="mean"``): Student's t at the real n,
   mean ± t_{(1+level)/2, n-1} · s / √n; none (NaN) where n < 2. Never 1.96·sem: at n = 3 that covers
-  ~80 %, not 95 % (tests/test_stats.py measures it).
+  ~80 %, not 95 % (tests/test_stats.py measures it). **Except for a proportion of nets**: where every
+  net's value is 0 or 1 (e.g. "the forgotten point recovered", one point per net) the mean is k/n of
+  independent Bernoulli trials, and Student's t is no interval for it (0 of 3 nets: "0 ± 0"; 1 of 5
+  at p = 0.05 covers ~23 %). There the interval is the exact binomial (Clopper-Pearson) one,
+  [Beta_{(1-level)/2}(k, n-k+1), Beta_{(1+level)/2}(k+1, n-k)], from n = 1 (0 of 3: [0, 0.71]); its
+  coverage is at least ``level`` for every p (tests/test_stats.py measures both).
 - ``"bca"``: ``scipy.stats.bootstrap`` (BCa, 9999 resamples, a fixed seed so a table is reproducible),
   on request (for large n and skewed per-net values; at n < 10 it undercovers, so it is not the
   default); none where n < 3 or the values are all equal.
@@ -123,7 +128,11 @@ def aggregate(da: xr.DataArray, over: Sequence[str] = (NETS,), *, usable: xr.Dat
                       "n_excluded": n_excluded})
     kept = [d for d in x.dims if d not in over]
     out = out.transpose(*kept) if kept else out
-    return out.assign_attrs(stat=stat, interval=interval_name(stat, interval, level) if over_nets else "none",
+    name = interval_name(stat, interval, level) if over_nets else "none"
+    if over_nets and stat == "mean" and interval == "t" and bool((binary := proportions(per_net, nets, n)).any()):
+        exact = f"Clopper-Pearson {100 * level:g} %"
+        name = exact if bool(binary.where(n > 0, True).all()) else f"{name} ({exact} where each net's value is 0 or 1)"
+    return out.assign_attrs(stat=stat, interval=name,
                             level=level, over_nets=over_nets, within=within, kept=kept, nets=nets)
 
 
@@ -139,6 +148,11 @@ def _over_nets(per_net: xr.DataArray, nets: str, stat: str, interval: str, level
             q = xr.apply_ufunc(lambda k: sps.t.ppf(0.5 + level / 2, np.where(k > 1, k - 1, np.nan)), n)
             half = q * sd / np.sqrt(n.where(n > 1))
             lo, hi = est - half, est + half
+            binary = proportions(per_net, nets, n)
+            if bool(binary.any()):
+                k = per_net.sum(nets, skipna=True)
+                cp_lo, cp_hi = clopper_pearson(k, n, level)
+                lo, hi = cp_lo.where(binary, lo), cp_hi.where(binary, hi)
         else:
             lo, hi = _per_group(per_net, nets, lambda v: _bca(v, np.mean, level))
     elif stat == "median":
@@ -156,6 +170,20 @@ def _over_nets(per_net: xr.DataArray, nets: str, stat: str, interval: str, level
     else:  # count
         est = n.astype(float)
     return est, lo, hi, n
+
+
+def proportions(per_net: xr.DataArray, nets: str, n: xr.DataArray) -> xr.DataArray:
+    """Where every net's (finite) value is 0 or 1, and there is one: a proportion of nets."""
+    return ((per_net == 0) | (per_net == 1) | per_net.isnull()).all(nets) & (n > 0)
+
+
+def clopper_pearson(k, n, level: float):
+    """The exact binomial interval of k successes in n trials: (lo, hi), lo 0 at k = 0, hi 1 at k = n."""
+    a = (1 - level) / 2
+    lo = xr.apply_ufunc(lambda kk, nn: np.where(kk > 0, sps.beta.ppf(a, np.maximum(kk, 1e-300), nn - kk + 1), 0.0), k, n)
+    hi = xr.apply_ufunc(lambda kk, nn: np.where(kk < nn, sps.beta.ppf(1 - a, kk + 1, np.maximum(nn - kk, 1e-300)), 1.0),
+                        k, n)
+    return lo, hi
 
 
 def _per_group(per_net: xr.DataArray, nets: str, fn) -> tuple[xr.DataArray, xr.DataArray]:
@@ -192,6 +220,16 @@ def half_width(agg: xr.Dataset) -> xr.DataArray:
     """The larger distance from the estimate to an interval bound (symmetric for Student's t, which
     clipping to a domain may make asymmetric): for a table's "± h". NaN where there is no interval."""
     return np.maximum(agg.hi - agg.estimate, agg.estimate - agg.lo)
+
+
+def estimate_text(one: xr.Dataset) -> str:
+    """One entry of an aggregate as a table cell: "0.5 ± 0.12" for a symmetric interval (Student's t),
+    "0 [0, 0.71]" for an asymmetric one (Clopper-Pearson, or clipped to the domain): never a "± h"
+    that reads below 0 or above 1."""
+    est, lo, hi = float(one.estimate), float(one.lo), float(one.hi)
+    if np.isnan(lo) or np.isnan(hi) or abs((hi - est) - (est - lo)) <= 1e-9 * max(1.0, abs(est)):
+        return f"{est:.4g} ± {float(half_width(one)):.2g}"
+    return f"{est:.4g} [{lo:.2g}, {hi:.2g}]"
 
 
 def yerr(agg: xr.Dataset) -> np.ndarray:

@@ -49,7 +49,6 @@ class Store:
         self.group_name = group
         self._group_rw: zarr.Group | None = None  # opened once for writing, with its arrays
         self._arrays: dict[str, zarr.Array] = {}  # (each metadata read costs ~3 ms)
-        self.created = False  # made empty by this object's open_or_create: nothing in it to check or repair
 
     # --- creation / checks -----------------------------------------------------------------
     def identity(self, exp: Experiment, grid: dict[str, list], params: dict, cases: dict | None = None,
@@ -119,7 +118,6 @@ class Store:
         else:
             os.replace(root / self.group_name, gpath)
         shutil.rmtree(partial)
-        self.created = True
         return self
 
     def check_identity(self, ident: dict, defaults: dict | None = None, inherited: set | None = None) -> None:

@@ -36,6 +36,32 @@ def test_student_t_interval_covers_95_percent(n):
     assert float(agg.estimate.mean()) == pytest.approx(2.0, abs=0.05)
 
 
+@pytest.mark.parametrize("n", [3, 5, 10])
+@pytest.mark.parametrize("p", [0.05, 0.3, 0.9])
+def test_a_proportion_of_nets_has_the_exact_binomial_interval_covering_at_least_95_percent(n, p):
+    """Each net's value 0 or 1 (a point recovered from it, or not), success probability p, REPS times:
+    the interval is Clopper-Pearson's and holds p in >= 95 % of them (minus 3 standard errors), at
+    every p; Student's t there covers 23 % at p = 0.05, n = 5 ("0 ± 0" whenever no net succeeds)."""
+    rng = np.random.default_rng(int(100 * p) + n)
+    draws = xr.DataArray((rng.random((REPS, n)) < p).astype(float), dims=("rep", "seed"))
+    agg = aggregate(draws, ("seed",))
+    assert agg.attrs["interval"] == "Clopper-Pearson 95 %" and (agg.n == n).all()
+    covered = float(((agg.lo <= p) & (p <= agg.hi)).mean())
+    assert covered >= 0.95 - 3 * 0.0034, covered
+    none = agg.where(draws.sum("seed") == 0, drop=True)  # no net succeeded: [0, 1 - 0.025^(1/n)], never 0 ± 0
+    if none.sizes["rep"]:
+        assert (none.lo == 0).all() and np.allclose(none.hi, 1 - 0.025 ** (1 / n))
+
+
+def test_a_proportion_beside_other_values_names_both_intervals():
+    x = xr.DataArray([[0.0, 1.0, 0.0], [0.2, 0.5, 0.9]], dims=("row", "seed"))
+    agg = aggregate(x, ("seed",))
+    assert agg.attrs["interval"] == "Student's t 95 % (Clopper-Pearson 95 % where each net's value is 0 or 1)"
+    assert float(agg.lo[0]) > 0.0 - 1e-12 and float(agg.hi[0]) == pytest.approx(0.9057, abs=1e-4)  # 1 of 3
+    half = 4.303 * np.std([0.2, 0.5, 0.9], ddof=1) / np.sqrt(3)
+    assert float(agg.hi[1] - agg.estimate[1]) == pytest.approx(half, rel=1e-3)
+
+
 def test_median_order_statistic_interval_covers_at_least_95_percent():
     """n = 10: (x_(2), x_(9)) covers the median with probability 1 - 2·11/1024 = 0.9785; at n = 5
     no order-statistic interval reaches 95 %: none is stated."""
