@@ -130,9 +130,10 @@ def _at(agg: xr.Dataset, setting: dict) -> xr.Dataset:
 def verdict(exp: str, recovered: xr.Dataset, eps: xr.Dataset | None, positive: float | None = None) -> str:
     """The forgotten point's verdict for one (method, α, setting) entry of a KKT attack or the difference
     attack (``recovered``: the aggregate of ``recovered_forgotten`` there; ``eps``: :func:`regime` at the
-    same setting; None: unknown, no verdict for a KKT attack), or "" for the other readers. ``positive``: for an entry of a KKT attack other than
-    ``identity``, identity's mean at the same setting (the attack on the original nets: the known
-    positive a "not recovered" needs; None: no identity entry)."""
+    same setting; None: unknown, no verdict for a KKT attack), or "" for the other readers.
+    ``positive``: for an entry of a KKT attack other than ``identity``, identity's mean at the same
+    setting (the attack on the original nets: the known positive a "not recovered" needs; None: no
+    identity entry)."""
     if exp not in ("reconstruct", "reconstruct_diff"):
         return ""
     eps_rel, n_eps = (float(eps.estimate), int(eps.n)) if eps is not None else (math.nan, 0)
@@ -218,8 +219,9 @@ def findings(g: str, exp: str, ds: xr.Dataset, eps: xr.Dataset | None = None) ->
                 positive = None if mth == "identity" else known
                 at = _at(eps, setting) if eps is not None else None
                 judged = verdict(exp, _pick(f, mth, a, first), at, positive) if j == 0 else ""
-                rows.append(f"| {g} | {fvar.removesuffix('_forgotten')} | {mth} | {'—' if a is None else f'{a:g}'} | "
-                            f"{setting_label(setting)} | {cell(f, mth, a)} | {cell(r, mth, a)} | {judged} |")
+                alpha = "—" if a is None else f"{a:g}"
+                rows.append(f"| {g} | {fvar.removesuffix('_forgotten')} | {mth} | {alpha} | {setting_label(setting)} | "
+                            f"{cell(f, mth, a)} | {cell(r, mth, a)} | {judged} |")
     return rows
 
 
@@ -237,9 +239,8 @@ def store_figures(store, out) -> tuple[list[pathlib.Path], list[str]]:
             paths.append(p)
         eps = regime(unl)
         rows += findings(g, exp, ds, eps)
-        kkt = "; ".join(f"{setting_label(st)}: {float(_at(eps, st).estimate):.2g} (n = {int(_at(eps, st).n)})"
-                        for st in settings(eps)) if eps.estimate.dims else \
-            f"{float(eps.estimate):.2g} (n = {int(eps.n)})"
+        kkt = "; ".join((f"{setting_label(st)}: " if st else "") + f"{float(_at(eps, st).estimate):.2g} "
+                        f"(n = {int(_at(eps, st).n)})" for st in settings(eps))
         what += [f"{g} (reads {_identity(ds).get('from')}: nets at median ε1_rel {kkt}): "
                  f"{caption([summary(ds, v) for v in PAIRS[exp][0][:2]], 'per entry')}"]
     lines = ["## The chain: forgotten vs retained points", "",

@@ -180,9 +180,10 @@ def proportions(per_net: xr.DataArray, nets: str, n: xr.DataArray) -> xr.DataArr
 def clopper_pearson(k, n, level: float):
     """The exact binomial interval of k successes in n trials: (lo, hi), lo 0 at k = 0, hi 1 at k = n."""
     a = (1 - level) / 2
-    lo = xr.apply_ufunc(lambda kk, nn: np.where(kk > 0, sps.beta.ppf(a, np.maximum(kk, 1e-300), nn - kk + 1), 0.0), k, n)
-    hi = xr.apply_ufunc(lambda kk, nn: np.where(kk < nn, sps.beta.ppf(1 - a, kk + 1, np.maximum(nn - kk, 1e-300)), 1.0),
+    lo = xr.apply_ufunc(lambda kk, nn: np.where(kk > 0, sps.beta.ppf(a, np.maximum(kk, 1e-300), nn - kk + 1), 0.0),
                         k, n)
+    hi = xr.apply_ufunc(lambda kk, nn: np.where(kk < nn, sps.beta.ppf(1 - a, kk + 1, np.maximum(nn - kk, 1e-300)),
+                                                1.0), k, n)
     return lo, hi
 
 
@@ -253,8 +254,14 @@ def caption(agg: xr.Dataset | Sequence[xr.Dataset], what: str = "per point") -> 
     if not a0.attrs.get("over_nets") or not counts or counts[-1] < 2:
         text = f"1 net per point: no interval (n = {'/'.join(map(str, counts)) or 0})"
     else:
-        name = a0.attrs.get("interval", "none")
-        interval = f" ± {name} interval" if name != "none" else ""
+        names = list(dict.fromkeys(a.attrs.get("interval", "none") for a in aggs))
+        if len(names) > 1 and all(n.startswith(("Student", "Clopper")) for n in names):  # t, with some proportions
+            level = a0.attrs.get("level", 0.95)
+            t, cp = interval_name("mean", "t", level), f"Clopper-Pearson {100 * level:g} %"
+            names = [f"{t} ({cp} where each net's value is 0 or 1)"]
+        name = " / ".join(names)
+        mark = "±" if name.startswith("Student") else "with"  # an exact binomial interval is not symmetric
+        interval = f" {mark} {name} interval" if name != "none" else ""
         text = (f"{stat}{interval} over nets ({a0.attrs.get('nets', NETS)}s; "
                 f"n = {'/'.join(map(str, counts))} {what})")
     if within:
