@@ -27,6 +27,7 @@ from storage import bundle_progress as files
 
 EVERY_S = float(os.environ.get("KKTLAB_PROGRESS_EVERY_S", "10"))  # a bundle's progress file is rewritten at most this often
 CANCEL_CHECK_S = 1.0  # a cancel request is looked for at most this often
+MIDWAY_ENV = "KKTLAB_GATE_MIDWAY"  # a file: while it exists, a bundle waits once mid-way (:meth:`Reporter.hold`)
 
 
 class BundleCancelled(UserError):
@@ -47,6 +48,7 @@ class Reporter:
         self.record = {"name": name, "cells": cells, "started": now, "updated": now, "steps": None, "total": None,
                        "loss": None, "target": None, "checkpoint_at": None}
         self.last_write = self.last_check = float("-inf")
+        self.held = False
         self.check_cancel()
         self.write()
 
@@ -77,6 +79,29 @@ class Reporter:
         self.check_cancel()
         if self.clock() - self.last_write >= self.every_s:
             self.write()
+        self.hold()
+
+    def hold(self, poll_s: float = 0.05) -> None:
+        """``$KKTLAB_GATE_MIDWAY`` names a file: while it exists, a bundle whose total step count the
+        file's text names (any bundle, where it is empty) waits once mid-way (0 < steps < total), after
+        writing its progress file and creating ``<file>.reached``; a cancel request still stops it
+        there. How a test acts on a bundle mid-computation at a moment it controls (``kktlab cancel``,
+        tests/test_served.py), whatever the machine's speed; unset, nothing waits."""
+        gate = os.environ.get(MIDWAY_ENV)
+        steps, total = self.record["steps"], self.record["total"]
+        if self.held or not gate or not os.path.exists(gate) or not steps or not total or steps >= total:
+            return
+        with contextlib.suppress(OSError, ValueError):
+            wanted = open(gate).read().strip()
+            if wanted and int(wanted) != total:
+                return
+        self.held = True
+        self.write()
+        open(gate + ".reached", "a").close()
+        while os.path.exists(gate):
+            self.last_check = float("-inf")
+            self.check_cancel()
+            time.sleep(poll_s)
 
     def checkpointed(self) -> None:
         self.record["checkpoint_at"] = self.clock()

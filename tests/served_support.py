@@ -37,13 +37,14 @@ class Served:
     database kept across :meth:`restart_server`), ``kktlab deploy --pool POOL`` (:meth:`deploy_all`)
     and at most one process worker at a time (``worker``, its log ``worker_log``), every process
     stopped by :meth:`close`. Every worker's bundles wait while ``gate`` exists (``$KKTLAB_GATE``,
-    :meth:`hold` / :meth:`release`), rewrite their progress file every second and let Dask's warnings
-    into the worker's log."""
+    :meth:`hold` / :meth:`release`) and, once mid-way, while ``midway`` exists (``$KKTLAB_GATE_MIDWAY``,
+    :meth:`hold_midway`), rewrite their progress file every second and let Dask's warnings into the
+    worker's log."""
 
     def __init__(self, root, cli):
         self.root, self.cli = root, cli
         self.home, self.port = root / "prefect-home", launch.free_port()
-        self.gate = root / "gate"
+        self.gate, self.midway = root / "gate", root / "midway"
         self.worker, self.worker_log, self.extra, self.workers_started = None, None, None, 0
         self._client = None
         self.server, self.env = launch.prefect_server(self.home, self.port, root / "server.log", ui=True)
@@ -97,8 +98,9 @@ class Served:
         ``extra``: more environment for it and its flow runs."""
         self.stop_worker()
         self.worker_log, self.extra = self.root / log, extra
-        env = dict(self.env, KKTLAB_GATE=str(self.gate), KKTLAB_PROGRESS_EVERY_S="1",
-                   DASK_LOGGING__DISTRIBUTED="warning", PREFECT_WORKER_QUERY_SECONDS="3", **extra)
+        env = dict(self.env, KKTLAB_GATE=str(self.gate), KKTLAB_GATE_MIDWAY=str(self.midway),
+                   KKTLAB_PROGRESS_EVERY_S="1", DASK_LOGGING__DISTRIBUTED="warning", PREFECT_WORKER_QUERY_SECONDS="3",
+                   **extra)
         self.worker = launch.start([f"{launch.BIN}/prefect", "worker", "start", "--pool", POOL, "--type", "process"],
                                    self.worker_log, env)
         self.workers_started += 1
@@ -124,6 +126,15 @@ class Served:
 
     def release(self) -> None:
         self.gate.unlink(missing_ok=True)
+        self.midway.unlink(missing_ok=True)
+
+    def hold_midway(self, total: int):
+        """Close the mid-way gate for the bundles of ``total`` steps (each waits there once, after
+        touching the returned ``<midway>.reached``; flows/bundle_progress.py ``Reporter.hold``)."""
+        reached = self.midway.parent / (self.midway.name + ".reached")
+        reached.unlink(missing_ok=True)
+        self.midway.write_text(str(total))
+        return reached
 
     def kill_server(self) -> None:
         self._drop_client()

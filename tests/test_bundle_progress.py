@@ -64,6 +64,39 @@ def test_cancel_request_stops_the_bundle_at_its_next_report(tmp_path):
     assert not (tmp_path / "s.zarr.progress").exists()
 
 
+def test_the_midway_gate_holds_the_bundle_of_its_total_once_and_a_cancel_still_stops_it(tmp_path, monkeypatch):
+    """$KKTLAB_GATE_MIDWAY (tests/test_served.py's cancel drill): a bundle of the total the gate names
+    waits once mid-way, its progress file written and ``<gate>.reached`` made; a bundle of another
+    total, or at its start or end, goes on; released, it goes on; a cancel request stops it there."""
+    import threading
+
+    gate = tmp_path / "midway"
+    monkeypatch.setenv(rep_mod.MIDWAY_ENV, str(gate))
+    gate.write_text("100")
+    store = str(tmp_path / "s.zarr")
+    other = rep_mod.Reporter(store, "g", "other")
+    other(steps=50, total=200)  # not the gate's bundle: no wait
+    held = rep_mod.Reporter(store, "g", "held")
+    held(steps=0, total=100)  # not mid-way yet
+    done = threading.Event()
+    threading.Thread(target=lambda: (held(steps=50, total=100), done.set()), daemon=True).start()
+    reached = tmp_path / "midway.reached"
+    deadline = time.monotonic() + 10
+    while not reached.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert reached.exists() and not done.wait(0.3)  # waiting at the gate
+    assert {r["steps"] for r in files.read(store, "g") if r["total"] == 100} == {50}  # its file says how far
+    gate.unlink()
+    assert done.wait(5)
+    held(steps=60, total=100)  # once per bundle
+    gate.write_text("")  # any bundle: a cancel request stops one waiting there
+    waiting = rep_mod.Reporter(store, "g", "cancelled")
+    files.request_cancel(store, "g")
+    with pytest.raises(rep_mod.BundleCancelled):
+        waiting(steps=5, total=10)
+    files.clear(store, "g")
+
+
 def test_outside_a_bundle_nothing_is_reported(tmp_path):
     rep = rep_mod.current()
     assert not rep.active and rep.within(0, 10) is None

@@ -177,10 +177,12 @@ def _done(store, group) -> int:
         return -1
 
 
-# kill -9 while a stage computes, from the store the stages before it left: a copy of the clean run's
-# store without the later groups (their stages start from nothing, as after the earlier stages' run)
+# kill -9 while the readers compute, from the store the stages before them left: a copy of the clean run's
+# store without the readers' groups (their stages start from nothing, as after the earlier stages' run).
+# A kill while unlearning (a producing stage mid-way, its readers pending) leaves the state
+# tests/test_chain_resume.py's `training` drill leaves and resumes by the same code (flows/chain.py does
+# not depend on the experiment); it was dropped here (issue 38: 28 CPU s).
 MOMENTS = {  # (the groups kept, the moment: checked while a bundle waits at the gate)
-    "unlearning": (("nets",), lambda s: 1 <= _done(s, "gone") < TOTAL["gone"]),
     "reading": (("nets", "gone"), lambda s: 1 <= sum(_done(s, g) for g in READERS) < sum(TOTAL[g] for g in READERS)),
 }
 
@@ -196,8 +198,8 @@ def _earlier_stages(ran, store, kept) -> None:
 
 @pytest.mark.parametrize("moment", list(MOMENTS))
 def test_killed_during_a_stage_then_resumed_equals_a_clean_run(ran, cli, tmp_path, moment):
-    """kill -9 of the runner's process group (one Dask worker, a bundle in flight at the gate) while
-    unlearning or while the readers run, on the store the stages before left; the rerun writes each
+    """kill -9 of the runner's process group (one Dask worker, a bundle in flight at the gate) while the
+    readers run, on the store the stages before left; the rerun writes each
     missing cell once and every stage equals the clean run (``ran``)."""
     import yaml
 

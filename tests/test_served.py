@@ -221,34 +221,38 @@ def test_run_page_in_a_browser_shows_the_progress(served, tiny, tmp_path):
         shutil.copy(tmp_path / "run.png", os.path.join(os.path.dirname(__file__), "..", "docs", "served-flow-run.png"))
 
 
-# lr 1e-6 and a loss target never met: every cell trains exactly max_iters steps (10-30 s on 2 cores),
-# a short first bundle, then one long enough to cancel mid-way (its progress file is written every
-# second); the resume computes that one again. (Cells of different max_iters are bundled apart, and
-# the bundles go in the order of their keys' repr, flows/bundles.py: 1000 before 25000.)
-LONG_ITERS = 25_000
+# lr 1e-6 and a loss target never met: every cell trains exactly max_iters steps, a short first bundle,
+# then one held at the mid-way gate (served.hold_midway: it waits there, its progress file written,
+# until the test has cancelled the run); the resume computes that one again. (Cells of different
+# max_iters are bundled apart, and the bundles go in the order of their keys' repr, flows/bundles.py:
+# 1000 before 4000.)
+LONG_ITERS = 4_000
 LONG = {"experiment": "nonrobust", "name": "cancelme", "grid": {"max_iters": [1_000, LONG_ITERS]},
         "params": {"d": 20, "m": 30, "width": 64, "lr0": 1e-6, "lr_factor": 1.0, "lr_period": 100,
                    "target_loss": 1e-30, "seed": 0},
         "runner": {"workers": 1, "bundle_size": 1}}
 
 
-def test_kktlab_cancel_stops_a_served_run_within_seconds_and_it_resumes(served, cli, write_config):
+def test_kktlab_cancel_stops_a_served_run_within_seconds_and_it_resumes(served, cli, write_config, request):
     from storage import bundle_progress as files
     from storage import runlock
+
+    request.addfinalizer(served.release)  # no later test's bundle waits at this test's gates
 
     worker, env, group = served.ensure_worker(), served.env, LONG["name"]
     path = write_config(LONG)
     store = path.parent / "c.zarr"
     t_submit = time.monotonic()
+    reached = served.hold_midway(LONG_ITERS)  # the second bundle waits mid-way until the cancel
     sub = served.submit(path, "--store", store, timeout=120)
     assert sub.returncode == 0, sub.stdout + sub.stderr[-2000:]
     rid = run_id(sub.stdout)
-    # the first cell stored and the second bundle mid-way (its progress file counts steps)
+    # the first cell stored and the second bundle held mid-way (its progress file counts steps)
     deadline, recs = time.monotonic() + 240, []
     while time.monotonic() < deadline and served.state(rid).name not in FINAL:
-        if done(store) >= 1 and (recs := mid_bundle(store, group, "max_iters")):
+        if reached.exists() and (recs := mid_bundle(store, group, "max_iters")):
             break
-        time.sleep(0.5)
+        time.sleep(0.2)
     assert recs and done(store) == 1, (recs, done(store), served.state(rid))
     assert 0 < recs[0]["steps"] < recs[0]["total"] == LONG_ITERS, recs
     busy = psutil.Process(worker.pid).children(recursive=True)  # its flow-run process and that one's Dask cluster
@@ -282,6 +286,7 @@ def test_kktlab_cancel_stops_a_served_run_within_seconds_and_it_resumes(served, 
     check = cli.run("verify", store, timeout=120)
     assert check.returncode == 0, check.stdout + check.stderr
     # the same command resumes: Completed, every cell done, the one done before not recomputed
+    served.release()
     again = served.submit(path, "--store", store, "--watch", timeout=400)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert "cells: 2/2 done" in again.stdout and "Traceback" not in again.stdout + again.stderr, again.stdout[-3000:]
