@@ -52,6 +52,7 @@ PAIRS = {"reconstruct": (("recovered_forgotten", "recovered_retained", "recovere
 REFERENCES = ("identity", "retrain")  # nets that do not depend on α
 KKT_ATTACKS = ("reconstruct",)  # readers whose premise is a net near a KKT point
 KKT_EPS_REL = 0.05  # issue 39: the median ε1_rel of the attacked nets at or below which a KKT attack is judged
+FIT = 2.0  # candidates whose KKT residual is within FIT x the nets' own ε1_rel explain the weights as the data do
 RECOVERED, NOT_RECOVERED = 0.5, 0.2  # issue 39: the forgotten point recovered in >= 50 % / <= 20 % of the nets
 
 
@@ -196,6 +197,23 @@ def figure(g: str, exp: str, ds: xr.Dataset, out: pathlib.Path) -> pathlib.Path 
     return save(fig, out / f"pipeline_{g}.png")
 
 
+def unidentified(ds: xr.Dataset, setting: dict, eps: xr.Dataset | None) -> str:
+    """Where the KKT attack did not recover the point from the original nets (identity) although its
+    candidates fit those nets' KKT equations as well as their training points do (median over the nets
+    of ``residual_exact_rel`` at most :data:`FIT` times the median ε1_rel), the words saying so: the
+    attack converged to another solution, the weights do not determine the point (paper 004's
+    non-uniqueness; configs/pipeline-small-identifiability.yaml); else ""."""
+    if eps is None or "residual_exact_rel" not in ds:
+        return ""
+    res = _at(aggregate(ds["residual_exact_rel"], (NETS,), usable=usable(ds), done=ds["done"], stat="median"),
+              setting).sel({"method": "identity"}).isel({"alpha": 0})
+    r, e = float(res.estimate), float(eps.estimate)
+    if not r <= FIT * e:
+        return ""
+    return (f"; its candidates fit the KKT equations as well as the training points (median residual {r:.2g}, "
+            f"ε1_rel {e:.2g}): these weights do not determine the point")
+
+
 def findings(g: str, exp: str, ds: xr.Dataset, eps: xr.Dataset | None = None) -> list[str]:
     """Markdown rows: stage, quantity, method, α ("—" for a reference), setting (the values of the other
     axes: the slice the row judged), forgotten mean ± half-width (n), retained mean ± half-width (n), the
@@ -219,6 +237,8 @@ def findings(g: str, exp: str, ds: xr.Dataset, eps: xr.Dataset | None = None) ->
                 positive = None if mth == "identity" else known
                 at = _at(eps, setting) if eps is not None else None
                 judged = verdict(exp, _pick(f, mth, a, first), at, positive) if j == 0 else ""
+                if mth == "identity" and judged.startswith("not recovered") and exp in KKT_ATTACKS:
+                    judged += unidentified(ds, setting, at)
                 alpha = "—" if a is None else f"{a:g}"
                 rows.append(f"| {g} | {fvar.removesuffix('_forgotten')} | {mth} | {alpha} | {setting_label(setting)} | "
                             f"{cell(f, mth, a)} | {cell(r, mth, a)} | {judged} |")

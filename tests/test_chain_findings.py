@@ -123,3 +123,16 @@ def test_settings_are_rows_never_pooled_and_each_verdict_names_its_slice():
     ident = {r[4]: r[7] for r in _rows(rows, "recovered", "identity")}
     assert ident["d=10, norm_prior=1"] == "recovered (mean over 3 nets 1.00)"
     assert ident["d=10, norm_prior=0"] == "not recovered (mean over 3 nets 0.00)"
+
+
+@pytest.mark.parametrize("residual, said", [(0.0036, True), (0.15, False)])
+def test_a_point_the_weights_do_not_determine_is_named_so(residual, said):
+    """Not recovered from the original nets although the candidates fit their KKT equations as well as the
+    training points (residual_exact_rel within 2x the nets' ε1_rel: pipeline-small's nets): the identity
+    row says the weights do not determine the point; candidates that fit worse: a plain "not recovered"."""
+    ds = _recon(0.0)
+    ds["recovered_forgotten"] = ds.recovered_forgotten * 0
+    ds["residual_exact_rel"] = ds.recovered_forgotten * 0 + residual
+    (ident,) = _rows(pipeline.findings("recon", "reconstruct", ds, _eps(0.0037)), "recovered", "identity")
+    assert ident[7].startswith("not recovered (mean over 3 nets 0.00)")
+    assert ("these weights do not determine the point" in ident[7]) is said, ident[7]
