@@ -134,13 +134,15 @@ def verdict(exp: str, recovered: xr.Dataset, eps: xr.Dataset | None, positive: f
     same setting; None: unknown, no verdict for a KKT attack), or "" for the other readers.
     ``positive``: for an entry of a KKT attack other than ``identity``, identity's mean at the same
     setting (the attack on the original nets: the known positive a "not recovered" needs; None: no
-    identity entry)."""
+    identity entry: NaN, never judged)."""
     if exp not in ("reconstruct", "reconstruct_diff"):
         return ""
     eps_rel, n_eps = (float(eps.estimate), int(eps.n)) if eps is not None else (math.nan, 0)
     if exp in KKT_ATTACKS and not eps_rel <= KKT_EPS_REL:
         return (f"no verdict: nets outside the KKT regime (median ε1_rel {eps_rel:.2g} over {n_eps} nets "
                 f"> {KKT_EPS_REL:g})")
+    if exp in KKT_ATTACKS and positive is not None and math.isnan(positive):
+        return "no verdict: no known positive (no identity entry: the attack on the original nets was not run)"
     if exp in KKT_ATTACKS and positive is not None and not positive >= RECOVERED:
         return (f"no verdict: no known positive (from the original nets, identity, the attack recovers the "
                 f"point in {positive:.2f} of the nets)")
@@ -197,16 +199,16 @@ def figure(g: str, exp: str, ds: xr.Dataset, out: pathlib.Path) -> pathlib.Path 
     return save(fig, out / f"pipeline_{g}.png")
 
 
-def unidentified(ds: xr.Dataset, setting: dict, eps: xr.Dataset | None) -> str:
+def unidentified(fit: xr.Dataset | None, setting: dict, eps: xr.Dataset | None) -> str:
     """Where the KKT attack did not recover the point from the original nets (identity) although its
     candidates fit those nets' KKT equations as well as their training points do (median over the nets
     of ``residual_exact_rel`` at most :data:`FIT` times the median ε1_rel), the words saying so: the
     attack converged to another solution, the weights do not determine the point (paper 004's
-    non-uniqueness; configs/pipeline-small-identifiability.yaml); else ""."""
-    if eps is None or "residual_exact_rel" not in ds:
+    non-uniqueness; configs/pipeline-small-identifiability.yaml); else "". ``fit``: that median
+    (:func:`storage.stats.aggregate`), None where the group has no residual."""
+    if eps is None or fit is None:
         return ""
-    res = _at(aggregate(ds["residual_exact_rel"], (NETS,), usable=usable(ds), done=ds["done"], stat="median"),
-              setting).sel({"method": "identity"}).isel({"alpha": 0})
+    res = _at(fit, setting).sel({"method": "identity"}).isel({"alpha": 0})
     r, e = float(res.estimate), float(eps.estimate)
     if not r <= FIT * e:
         return ""
@@ -227,18 +229,20 @@ def findings(g: str, exp: str, ds: xr.Dataset, eps: xr.Dataset | None = None) ->
                                                                   ("n_excluded", "not usable")) if int(one[k]))
         return f"{estimate_text(one)} (n={int(one.n)}{left})"
 
+    fit = aggregate(ds["residual_exact_rel"], (NETS,), usable=usable(ds), done=ds["done"], stat="median") \
+        if exp in KKT_ATTACKS and "residual_exact_rel" in ds else None
     rows = []
     for j, (fvar, rvar, _) in enumerate(PAIRS[exp]):
         f_all, r_all = summary(ds, fvar), summary(ds, rvar)
         for setting in settings(f_all):
             f, r = _at(f_all, setting), _at(r_all, setting)
-            known = float(_pick(f, "identity", None, first).estimate) if "identity" in ds.method.values else None
+            known = float(_pick(f, "identity", None, first).estimate) if "identity" in ds.method.values else math.nan
             for mth, a in _entries(ds):
                 positive = None if mth == "identity" else known
                 at = _at(eps, setting) if eps is not None else None
                 judged = verdict(exp, _pick(f, mth, a, first), at, positive) if j == 0 else ""
                 if mth == "identity" and judged.startswith("not recovered") and exp in KKT_ATTACKS:
-                    judged += unidentified(ds, setting, at)
+                    judged += unidentified(fit, setting, at)
                 alpha = "—" if a is None else f"{a:g}"
                 rows.append(f"| {g} | {fvar.removesuffix('_forgotten')} | {mth} | {alpha} | {setting_label(setting)} | "
                             f"{cell(f, mth, a)} | {cell(r, mth, a)} | {judged} |")

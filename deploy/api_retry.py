@@ -66,10 +66,10 @@ def dask_setup(worker) -> None:
     """Dask worker preload (``--preload deploy.api_retry``): the worker's task runs ride out a restart
     of the server at ``PREFECT_API_URL`` (the one the flow that started the worker, or its
     environment, names), and their Prefect clients share one TLS context (deploy/tls_context.py)."""
-    try:
-        install()
-        from deploy import tls_context
+    from deploy import tls_context
 
-        tls_context.install()
-    except Exception:  # noqa: BLE001 - never stop a worker from starting; Prefect's own behaviour then
-        pass
+    for step in (install, tls_context.install):  # each apart: one failing leaves the other in place
+        try:
+            step()
+        except Exception:  # noqa: BLE001 - never stop a worker from starting; Prefect's own behaviour then
+            pass

@@ -112,8 +112,9 @@ def aggregate(da: xr.DataArray, over: Sequence[str] = (NETS,), *, usable: xr.Dat
     n_nan = (ok & np.isnan(x)).sum(over).astype(int)
     finite = vals.where(np.isfinite(vals))
     per_net = finite.mean(within, skipna=True) if within else finite
+    binary = None  # where the interval is Clopper-Pearson's (a proportion of nets: _over_nets)
     if over_nets:
-        est, lo, hi, n = _over_nets(per_net, nets, stat, interval, level)
+        est, lo, hi, n, binary = _over_nets(per_net, nets, stat, interval, level)
     else:  # each value one net: its (within-averaged) value, no interval
         n = per_net.notnull().astype(int)
         est = n.astype(float) if stat == "count" else xr.full_like(per_net, np.nan) if stat in ("std", "sem") \
@@ -129,7 +130,7 @@ def aggregate(da: xr.DataArray, over: Sequence[str] = (NETS,), *, usable: xr.Dat
     kept = [d for d in x.dims if d not in over]
     out = out.transpose(*kept) if kept else out
     name = interval_name(stat, interval, level) if over_nets else "none"
-    if over_nets and stat == "mean" and interval == "t" and bool((binary := proportions(per_net, nets, n)).any()):
+    if binary is not None and bool(binary.any()):
         exact = f"Clopper-Pearson {100 * level:g} %"
         name = exact if bool(binary.where(n > 0, True).all()) else f"{name} ({exact} where each net's value is 0 or 1)"
     return out.assign_attrs(stat=stat, interval=name,
@@ -142,6 +143,7 @@ def _over_nets(per_net: xr.DataArray, nets: str, stat: str, interval: str, level
     mean = per_net.mean(nets, skipna=True)
     sd = per_net.std(nets, ddof=1, skipna=True).where(n > 1)
     lo = hi = nan
+    binary = None
     if stat == "mean":
         est = mean
         if interval == "t":
@@ -149,7 +151,7 @@ def _over_nets(per_net: xr.DataArray, nets: str, stat: str, interval: str, level
             half = q * sd / np.sqrt(n.where(n > 1))
             lo, hi = est - half, est + half
             binary = proportions(per_net, nets, n)
-            if bool(binary.any()):
+            if bool(binary.any()):  # (est stays the mean: k / n)
                 k = per_net.sum(nets, skipna=True)
                 cp_lo, cp_hi = clopper_pearson(k, n, level)
                 lo, hi = cp_lo.where(binary, lo), cp_hi.where(binary, hi)
@@ -169,7 +171,7 @@ def _over_nets(per_net: xr.DataArray, nets: str, stat: str, interval: str, level
         est = per_net.max(nets, skipna=True)
     else:  # count
         est = n.astype(float)
-    return est, lo, hi, n
+    return est, lo, hi, n, binary
 
 
 def proportions(per_net: xr.DataArray, nets: str, n: xr.DataArray) -> xr.DataArray:

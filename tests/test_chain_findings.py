@@ -136,3 +136,15 @@ def test_a_point_the_weights_do_not_determine_is_named_so(residual, said):
     (ident,) = _rows(pipeline.findings("recon", "reconstruct", ds, _eps(0.0037)), "recovered", "identity")
     assert ident[7].startswith("not recovered (mean over 3 nets 0.00)")
     assert ("these weights do not determine the point" in ident[7]) is said, ident[7]
+
+
+def test_without_an_identity_entry_the_kkt_attack_judges_nothing_after_unlearning():
+    """No attack on the original nets, no known positive: GA's and retrain's rows give no verdict (the
+    difference attack, which needs none, is still judged)."""
+    ds = _recon(0.0).sel({"method": ["ga", "retrain"]})
+    rows = pipeline.findings("recon", "reconstruct", ds, _eps(0.01))
+    assert {r[7] for r in _rows(rows, "recovered", "ga") + _rows(rows, "recovered", "retrain")} == {
+        "no verdict: no known positive (no identity entry: the attack on the original nets was not run)"}
+    diff = pipeline.findings("diff", "reconstruct_diff", ds.assign(
+        chance_cos_forgotten=ds.cos_forgotten, chance_cos_retained=ds.cos_retained), _eps(0.01))
+    assert {r[7] for r in _rows(diff, "recovered", "ga")} == {"not recovered (mean over 3 nets 0.00)"}
