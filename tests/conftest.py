@@ -47,8 +47,18 @@ def _slowest_files_first(items) -> None:
 
 def pytest_configure(config):
     import cpu_clock
+    import prefect_homes
 
     cpu_clock.install(config)  # CPU seconds per test when $KKTLAB_TEST_CPU is set (make test-durations)
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        prefect_homes.claim_root()  # one migrated Prefect home for the session's servers to copy
+
+
+def pytest_unconfigure(config):
+    import prefect_homes
+
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        prefect_homes.release_root()
 
 
 def pytest_collection_modifyitems(config, items):
@@ -75,6 +85,9 @@ class Services:
 
     def prefect(self) -> str:
         if self.url is None:
+            import prefect_homes
+
+            prefect_homes.fresh(os.environ["PREFECT_HOME"])  # migrated already (tests/prefect_homes.py)
             self.url = self.stack.enter_context(runtime.prefect_api())
         return self.url
 
@@ -216,6 +229,15 @@ def run_chain(prefect_server, cli, tmp_path_factory):
         return root
 
     return _run
+
+
+@pytest.fixture
+def prefect_home(tmp_path):
+    """``prefect_home(name)``: a fresh ``PREFECT_HOME`` under the test's folder, its database migrated
+    already (tests/prefect_homes.py), for a process that starts a Prefect server of its own."""
+    import prefect_homes
+
+    return lambda name="prefect-home": str(prefect_homes.fresh(tmp_path / name))
 
 
 @pytest.fixture

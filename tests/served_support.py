@@ -10,6 +10,7 @@ import signal
 import subprocess
 import time
 
+import prefect_homes
 import psutil
 
 from deploy import launch
@@ -43,7 +44,7 @@ class Served:
 
     def __init__(self, root, cli):
         self.root, self.cli = root, cli
-        self.home, self.port = root / "prefect-home", launch.free_port()
+        self.home, self.port = prefect_homes.fresh(root / "prefect-home"), launch.free_port()
         self.gate, self.midway = root / "gate", root / "midway"
         self.worker, self.worker_log, self.extra, self.workers_started = None, None, None, 0
         self._client = None

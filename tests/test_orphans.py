@@ -21,11 +21,11 @@ def _command(proc: psutil.Process) -> str:
         return ""
 
 
-def test_embedded_server_dies_with_a_killed_run(cli, tmp_path, monkeypatch):
+def test_embedded_server_dies_with_a_killed_run(cli, tmp_path, monkeypatch, prefect_home):
     import os
 
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}  # an embedded server of its own
-    env["PREFECT_HOME"] = str(tmp_path / "home")
+    env["PREFECT_HOME"] = prefect_home("home")
     proc = subprocess.Popen([*cli.argv, "run", str(cli.root / "configs" / "pipeline-small.yaml"), "--store",
                              str(tmp_path / "s.zarr")], cwd=cli.root, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)

@@ -215,7 +215,7 @@ def test_store_creation_killed_midway_leaves_nothing_half_made(tmp_path, monkeyp
 
 
 @pytest.mark.requires_services
-def test_sigterm_stops_server_and_cluster_and_says_how_far(cli, write_config, tmp_path):
+def test_sigterm_stops_server_and_cluster_and_says_how_far(cli, write_config, tmp_path, prefect_home):
     """Issue 12 item 8: SIGTERM to ``kktlab run`` (its own embedded Prefect server and Dask
     LocalCluster) while a bundle computes exits with one line saying how many cells are stored, and
     leaves no process behind. The first bundle waits at a gate (flows/sweep.py wait_at_gate) until the
@@ -226,7 +226,7 @@ def test_sigterm_stops_server_and_cluster_and_says_how_far(cli, write_config, tm
     cfg["params"] = dict(CELL["params"], width=48, target_loss=1.0e-20)  # ~2 s a cell: still computing at the signal
     path, store, gate = write_config(cfg), tmp_path / "t.zarr", tmp_path / "gate"
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
-    env.update(PREFECT_HOME=str(tmp_path / "prefect-home"), KKTLAB_GATE=str(gate))
+    env.update(PREFECT_HOME=prefect_home(), KKTLAB_GATE=str(gate))
     gate.touch()
     proc = subprocess.Popen([*cli.argv, "run", str(path), "--store", str(store)], cwd=cli.root, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
