@@ -74,6 +74,18 @@ class Var:
     domain: tuple[float | None, float | None] | None = None
 
 
+NONNEG = (0.0, None)  # a norm, a distance, an ε, an objective, a count, a time
+FRACTION = (0.0, 1.0)  # a proportion of points or nets, an accuracy, a 0/1 flag
+COSINE = (-1.0, 1.0)  # a cosine, a correlation, an SSIM
+
+
+def with_domain(V: dict[str, Var], domain: tuple[float | None, float | None], *names: str) -> None:
+    """Declare ``domain`` (:attr:`Var.domain`) for the variables ``names`` of ``V``, in place (issue 40:
+    an interval of a quantity that cannot be negative stops at 0). A name ``V`` lacks is a KeyError."""
+    for name in names:
+        V[name] = dataclasses.replace(V[name], domain=domain)
+
+
 Cell = dict[str, Any]
 Result = dict[str, Any]  # variable name -> scalar or numpy array of the var's extra dims
 

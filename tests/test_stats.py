@@ -94,6 +94,41 @@ def test_non_finite_values_counted_and_left_out_and_bands_clipped_to_the_domain(
     assert float(free.lo) < 0  # not clipped where no domain is declared
 
 
+def test_a_stored_nonnegative_quantity_s_interval_stops_at_zero():
+    """Issue 40: reconstruct's objective_rel, residuals and distances declare their domain (core.declare
+    NONNEG), stored as valid_min, so the t band over 3 nets stops at 0 instead of reaching below it."""
+    from flows.experiments import reconstruct
+    from storage import schema
+
+    for name in ("objective_rel", "residual_exact_rel", "dist_forgotten", "score5"):
+        x = xr.DataArray([1e-3, 2e-4, 0.3], dims=("seed",), attrs=schema.acted_on(reconstruct.V[name]))
+        agg = aggregate(x, ("seed",))
+        assert float(agg.lo) == 0.0 < 0.3 < float(agg.hi), name
+        assert float(aggregate(x.drop_attrs(), ("seed",)).lo) < 0, name  # the t band reaches below 0
+
+
+def test_every_distance_norm_time_and_eps_of_the_chain_declares_it_cannot_be_negative():
+    """Every variable of the chain's experiments in units of a norm or of time, or named as a KKT distance
+    (ε, ε_rel), declares it is never negative, and every accuracy or recovered fraction that it lies
+    in [0, 1], so no interval of them leaves that range (a new one without a domain fails here)."""
+    from flows.experiments import get
+
+    fractions = ("recovered_forgotten", "recovered_retained", "rta", "rta_forgotten", "rta_retained", "train_acc",
+                 "test_acc", "clean_acc")
+    missing = []
+    for exp in map(get, CHAIN):
+        for name, var in exp.variables.items():
+            if (var.units in ("l2 norm", "s") or name in ("eps", "eps_rel", "eps1_rel")) and not (
+                    var.domain and var.domain[0] == 0.0):
+                missing.append(f"{exp.name}.{name}")
+            if name in fractions and var.domain != (0.0, 1.0):
+                missing.append(f"{exp.name}.{name}")
+    assert not missing, missing
+
+
+CHAIN = ("train_kkt", "unlearn", "reconstruct", "reconstruct_diff", "single_step", "pgd", "forge_net")
+
+
 D, SEEDS = [10, 20], [0, 1, 2]
 
 

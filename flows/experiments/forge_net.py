@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from core.declare import NONNEG, with_domain
 from core.errors import ConfigError
 from flows import bundle_progress
 from flows.experiments import Experiment, Param, Var, register, timed
@@ -61,6 +62,8 @@ V = {
                         "measured", dims=_s),
     "wall_s": Var("s", "bundle wall time divided by its cells", finite=True),
 }
+with_domain(V, NONNEG, "n_forgotten", "n_retained", "n_failed", "R_used", "n_gradient_evals", "logvol_stderr",
+            "wall_s")
 
 
 def check(cell: dict) -> None:

@@ -16,7 +16,7 @@ import hashlib
 
 import torch
 
-from core.declare import NetsNeeds
+from core.declare import FRACTION, NONNEG, NetsNeeds, with_domain
 from core.errors import UserError
 from flows import bundle_progress
 from flows.experiments import Experiment, Param, Var, register, by_shape, timed
@@ -57,6 +57,8 @@ V = {
     "rta_retained": Var("1", "robust accuracy over the other points"),
     "wall_s": Var("s", "bundle wall time divided by its cells", finite=True),
 }
+with_domain(V, NONNEG, "R_used", "max_delta", "wall_s")
+with_domain(V, FRACTION, "rta", "rta_strict", "clean_acc", "robust", "rta_forgotten", "rta_retained")
 
 
 @timed

@@ -13,6 +13,7 @@ and the candidate itself (dims candidate, feature: one chunk per cell).
 from __future__ import annotations
 
 
+from core.declare import NONNEG, FRACTION, COSINE, with_domain
 from core.errors import ConfigError
 from flows import bundle_progress
 from flows.experiments import Experiment, Param, Var, register, by_shape, timed
@@ -88,6 +89,11 @@ V = {
     "cos_forgotten": Var("1", "mean best-candidate cosine of the forgotten points (NaN: none)"),
     "cos_retained": Var("1", "mean best-candidate cosine of the retained points"),
 }
+with_domain(V, NONNEG, "objective", "objective_rel", "objective_init", "residual_exact_rel", "train_eps", "score5",
+            "score10", "score5_unique", "score5_active", "score5_init", "n_recovered", "avg_ratio", "wall_s",
+            "objective_trace", "dist", "cand_norm", "point_dist", "dist_forgotten", "dist_retained")
+with_domain(V, FRACTION, "avg_frac", "recovered_forgotten", "recovered_retained")
+with_domain(V, COSINE, "ssim10", "ssim_max", "ncc", "ssim", "point_cos", "cos_forgotten", "cos_retained")
 
 
 def bundle_key(cell: dict) -> tuple:

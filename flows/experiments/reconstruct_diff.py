@@ -17,7 +17,7 @@ nearest *other* training point's cosine and distance. ``identity`` (no update) r
 
 from __future__ import annotations
 
-from core.declare import NetsNeeds
+from core.declare import COSINE, FRACTION, NONNEG, NetsNeeds, with_domain
 from flows.experiments import Experiment, Param, Var, register, by_shape, timed
 from tasks.cells import reconstruct_diff as cell_fn
 
@@ -68,6 +68,11 @@ V = {
                       dims=("candidate", "feature")),
     "wall_s": Var("s", "bundle wall time divided by its cells", finite=True),
 }
+with_domain(V, NONNEG, "update_rel", "radius", "n_forgotten", "point_dist", "dist_forgotten", "dist_retained",
+            "chance_dist_forgotten", "chance_dist_retained", "sv", "cand_norm", "dist", "wall_s")
+with_domain(V, FRACTION, "rank1", "recovered_forgotten", "recovered_retained", "exact_scale", "pattern_agree")
+with_domain(V, COSINE, "point_cos", "cos_forgotten", "cos_retained", "chance_cos_forgotten", "chance_cos_retained",
+            "point_chance_cos", "cos")
 
 
 def bundle_key(cell: dict) -> tuple:

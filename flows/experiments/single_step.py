@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from core.declare import NetsNeeds
+from core.declare import FRACTION, NONNEG, NetsNeeds, with_domain
 from flows import bundle_progress
 from flows.experiments import Experiment, Param, Var, register, by_shape, timed
 from flows.bundles import memory_budget
@@ -47,6 +47,9 @@ V["flip_frac"] = Var("1", "fraction of test points a positive step flips", finit
 V["test_acc"] = Var("1", "clean test accuracy", finite=True)
 V["sqrt_d"] = Var("1", "sqrt of the net's input dimension", finite=True)
 V["wall_s"] = Var("s", "bundle wall time divided by its cells", finite=True)
+with_domain(V, NONNEG, "gnorm", "gnorm0", "x_norm", "med_gnorm", "med_delta_forgotten", "med_delta_retained",
+            "sqrt_d", "wall_s")
+with_domain(V, FRACTION, "flip_frac", "test_acc")
 
 
 @timed

@@ -25,7 +25,7 @@ import math
 import numpy as np
 import torch
 
-from core.declare import NetsContract
+from core.declare import FRACTION, NONNEG, NetsContract, with_domain
 from core.errors import ConfigError
 from flows import bundle_progress
 from flows.experiments import Experiment, Param, Var, register, timed
@@ -85,6 +85,8 @@ V = {
     "batch_rng_state": Var("byte", "two torch CPU generator states: the init stream before W0 (retrain from the "
                            "same init) | the D_MG stream before μ_+ (fresh test points)", "uint8", dims=("rng_byte",)),
 }
+with_domain(V, NONNEG, "mu_norm", "wall_s", "eps", "eps_rel", "n_support")
+with_domain(V, FRACTION, "train_acc")
 
 
 def check(cell: dict) -> None:

@@ -25,7 +25,7 @@ parameter, e.g. a paper-002 ``train`` stage has no mu_a).
 from __future__ import annotations
 
 
-from core.declare import NetsContract, NetsNeeds
+from core.declare import COSINE, FRACTION, NONNEG, NetsContract, NetsNeeds, with_domain
 from core.errors import ConfigError
 from flows import bundle_progress
 from flows.experiments import Experiment, Param, Var, register, by_shape, timed
@@ -133,6 +133,12 @@ V = {
                      "int8", dims=("sample",)),
     "batch_rng_state": Var("byte", "the upstream net's generator state, handed on", "uint8", dims=("rng_byte",)),
 }
+with_domain(V, NONNEG, "eps", "eps_rel", "eps_mean", "eps_app_e", "eps_rel_mean", "eps_inherited", "eps_dynamics",
+            "eps1", "eps1_rel", "lam_l", "lam_min", "lam_max", "n_support", "n_support_after", "eps_fixed",
+            "eps_retrain", "bound_eps", "bound_eps_stated", "wall_s", "eps_l")
+with_domain(V, FRACTION, "feasible", "feasible1", "train_acc_before", "train_acc_after", "forget_acc_after",
+            "test_acc_before", "test_acc_after", "preconditions_met", "lemma_upper", "lemma_lower")
+with_domain(V, COSINE, "cos_svm")
 
 
 # Taken from the train stage's cell it reads (a fixed parameter or a grid coordinate, e.g. F001-6
