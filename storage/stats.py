@@ -237,9 +237,11 @@ def estimate_text(one: xr.Dataset) -> str:
 
 def yerr(agg: xr.Dataset) -> np.ndarray:
     """Matplotlib's ``yerr`` (2, N) for ``errorbar`` of a 1-D ``agg``: the distances to lo and hi (0
-    where there is no interval; the point itself is drawn)."""
+    where there is no interval; the point itself is drawn). Never negative: a mean of cosines of 1 that
+    rounds to 1 + 2e-16 sits above its interval clipped at the declared maximum 1."""
     est = np.asarray(agg.estimate, dtype=float)
-    return np.nan_to_num(np.stack([est - np.asarray(agg.lo, float), np.asarray(agg.hi, float) - est]))
+    err = np.stack([est - np.asarray(agg.lo, float), np.asarray(agg.hi, float) - est])
+    return np.nan_to_num(err).clip(min=0.0)
 
 
 def caption(agg: xr.Dataset | Sequence[xr.Dataset], what: str = "per point") -> str:

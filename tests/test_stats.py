@@ -249,3 +249,12 @@ def test_unlearn_figure_draws_that_band(monkeypatch, tmp_path):
     np.testing.assert_allclose([band.min(), band.max()], [0.0, float(agg.hi.max())])
     assert "Student's t 95 % interval over nets (seeds; n = 3 per point)" in title
     unlearn.plt.close("all")
+
+
+def test_error_bars_of_a_mean_rounded_past_its_declared_maximum_are_not_negative():
+    """Cosines of 1 average to 1 + 2e-16; the interval clipped at the declared maximum 1 is then just
+    below the mean, and matplotlib refuses a negative error bar (the tutorial's chain figure did)."""
+    x = xr.DataArray([1.0 + 2.2e-16, 1.0 + 2.2e-16, 1.0], dims=("seed",), attrs={"valid_min": -1.0, "valid_max": 1.0})
+    agg = aggregate(x, ("seed",))
+    assert float(agg.hi) == 1.0 < float(agg.estimate)
+    assert (yerr(agg.expand_dims("x")) >= 0).all()
