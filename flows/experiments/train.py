@@ -27,15 +27,23 @@ from tasks import data as synthetic
 from tasks import nets, train
 from tasks.cells import train as cell_fn
 from tasks.cells.nonrobust import chunk_steps, n_samples
+from tasks.cells.train_kkt import PREPROCESS
 
 CIFAR = "cifar_vehicles"  # paper 004 F004-2: CIFAR-10 vehicles (+1) vs animals (-1), storage/datasets.py
+MNIST = "mnist"  # issue 39: two MNIST digits, rows drawn and prepared as train_kkt's (flows/experiments/train_kkt.py)
 
 TRAIN_PARAMS = ("data", "labels", "d", "alpha", "m", "width", "seed", "loss", "lr0", "lr_factor", "lr_period",
                 "lr_period_fast", "target_loss", "max_iters", "batch_size", "init_scale", "dtype", "compile_step")
 P = {k: nonrobust.P[k] for k in TRAIN_PARAMS}
 P["data"] = Param(str, "sphere", nonrobust.P["data"].doc + f"; {CIFAR}: CIFAR-10 vehicles vs animals, m/2 "
-                  "per class from the start of the training split, minus their mean (paper 004 F004-2; d = 3072)",
-                  choices=(*synthetic.DISTRIBUTIONS, CIFAR))
+                  "per class from the start of the training split, minus their mean (paper 004 F004-2; d = 3072)"
+                  f"; {MNIST}: two MNIST digits (class_neg -> -1, class_pos -> +1), m/2 each drawn by the seed, "
+                  "resized to d = k² and preprocessed as train_kkt's (issue 39)",
+                  choices=(*synthetic.DISTRIBUTIONS, CIFAR, MNIST))
+P["class_neg"] = Param(int, 0, "real data: the class labelled -1 (MNIST digit / CIFAR-10 class)", min=0, max=9)
+P["class_pos"] = Param(int, 1, "real data: the class labelled +1", min=0, max=9)
+P["preprocess"] = Param(str, "center_unit", "real data, after the resize to d: minus the training set's mean then "
+                        "unit rows, unit rows, or raw pixels in [0, 1]", choices=PREPROCESS)
 P["store_nets"] = Param(bool, True, "store each trained net and its training set (false: numbers only, "
                         "e.g. for very wide nets; no later stage can read them)")
 P["log_points"] = Param(int, 0, "log the training trajectory (loss, margin, ||theta||, eps*/||theta|| by NNLS, "
@@ -58,7 +66,7 @@ V = {
     "b": Var("1", "trained biases b_j (zero past width_used)", dims=("hidden",), pad=0.0),
     "v": Var("1", "trained output weights v_j (zero past width_used)", dims=("hidden",), pad=0.0),
     "X": Var("1", "training points x_i (zero past m_used, d_used); not stored (fill) for data read from a file "
-             "(cifar_vehicles: data_index and data_checksum instead; the experiment's rebuild gives X back)",
+             "(cifar_vehicles, mnist: data_index and data_checksum instead; the experiment's rebuild gives X back)",
              dims=("sample", "feature"), pad=0.0),
     "y": Var("1", "training labels y_i in {-1, 1} (zero past m_used)", dims=("sample",), pad=0.0),
     "data_index": Var("1", "index of each training point in the CIFAR-10 training split (data: cifar_vehicles; "
@@ -93,6 +101,10 @@ def check(cell: dict) -> None:
     if cell["log_points"] and n_samples(cell) > cell["batch_size"]:
         raise ConfigError("log_points", f"the logged trajectory needs full-batch training (m = {n_samples(cell)} > "
                           f"batch_size = {cell['batch_size']})")
+    if cell["data"] == MNIST:
+        from flows.experiments import train_kkt  # (it imports this module)
+
+        train_kkt.check(dict(cell, model="two_layer"))  # two classes, d = k² <= 28², the file present
     if cell["data"] != CIFAR:
         return
     from storage import datasets
@@ -112,6 +124,13 @@ def load_datasets(cells: list[dict]) -> tuple[list, list[dict]]:
 
     out, prov = [], []
     for c in cells:
+        if c["data"] == MNIST:
+            from flows.experiments import train_kkt
+
+            rows = train_kkt.data_rows(dict(c, data_seed=-1))
+            out.append(train_kkt.prepared(c, rows["data_index"], rows["data_checksum"]))
+            prov.append(rows)
+            continue
         if c["data"] != CIFAR:
             out.append(None)
             prov.append({"data_index": np.full(n_samples(c), -1, dtype=np.int64), "data_checksum": 0})
@@ -137,7 +156,7 @@ def run_bundle(cells: list[dict], device: str = "auto", checkpoint: str | None =
                                    cells, device, checkpoint, datasets=sets)
     out = [dict(res, **p) for res, p in zip(out, prov)]
     for res, c in zip(out, cells):  # file data: indices and a checksum, never a copy of the data set
-        if c["data"] == CIFAR:
+        if c["data"] in (CIFAR, MNIST):
             res["X"] = res["X"][:0]
     return out
 
@@ -171,11 +190,15 @@ def retrain(cells: list[dict], drop: torch.Tensor, like: torch.Tensor, device: s
 
 
 def rebuild(cell: dict, read) -> dict:
-    """A CIFAR cell's training rows from its stored indices, checksum checked (the file it was
+    """A CIFAR or MNIST cell's training rows from its stored indices, checksum checked (the file it was
     trained on); synthetic cells store their X and rebuild nothing."""
     from storage import datasets
 
     rows = read("data_index")[: int(read("m_used"))]
+    if cell.get("data") == MNIST and len(rows) and rows[0] >= 0:
+        from flows.experiments import train_kkt
+
+        return {"X": train_kkt.prepared(cell, rows, int(read("data_checksum")))[0].numpy()}
     if cell.get("data") != CIFAR or not len(rows) or rows[0] < 0:
         return {}
     return {"X": datasets.cifar_rows(rows, int(read("data_checksum"))).numpy()}

@@ -40,10 +40,8 @@ P = {
     "data": Param(str, "gauss_scaled", "x ~ N(0, I/d) (App. E), orthonormal rows (F001-2), D_MG (§6, F001-6), "
                   "or real data: MNIST / the CIFAR-10 subset (two classes, class_neg / class_pos)",
                   choices=cell_fn.DATA),
-    "class_neg": Param(int, 0, "real data: the class labelled -1 (MNIST digit / CIFAR-10 class)", min=0, max=9),
-    "class_pos": Param(int, 1, "real data: the class labelled +1", min=0, max=9),
-    "preprocess": Param(str, "center_unit", "real data, after the resize to d: minus the training set's mean then "
-                        "unit rows, unit rows, or raw pixels in [0, 1]", choices=cell_fn.PREPROCESS),
+    "class_neg": train_exp.P["class_neg"], "class_pos": train_exp.P["class_pos"],
+    "preprocess": train_exp.P["preprocess"],
     "labels": Param(str, "random", "uniform with both classes (A3), balanced, or alternating ±1 (fixture O); "
                     "D_MG labels are the clusters", choices=("random", "balanced", "alternating")),
     "d": Param(int, 1000, "input dimension (MNIST: k² <= 784; CIFAR-10: 3k² <= 3072, images resized)", min=2,
