@@ -224,4 +224,5 @@ def subset_simulation_samples(problem: ForgingProblem, eps: float, *, generator:
     evals += n_eval * problem.evals_per_point
     delta2 = torch.where(alive, delta2, torch.full_like(delta2, math.nan))
     extra = {"n_levels": len(levels), "levels": levels, "sigmas": sigmas, "cov2_au_beck": delta2.tolist()}
-    return estimate_from_runs("subset_simulation", problem, log_runs, evals, hits, extra, cov2_within=delta2), *samples
+    return estimate_from_runs("subset_simulation", problem, log_runs, evals, hits, extra, cov2_within=delta2,
+                              lognormal=True), *samples
