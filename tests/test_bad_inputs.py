@@ -367,3 +367,33 @@ if __name__ == "__main__":  # the helper process: import once, then one forked p
     with tempfile.TemporaryDirectory() as tmp:
         for i, job in enumerate(json.load(sys.stdin)):
             print(json.dumps(_run_case(job, os.path.join(tmp, f"{i}.out"))), flush=True)
+
+
+TROUBLESHOOTING = pathlib.Path(__file__).resolve().parents[1] / "docs" / "troubleshooting.md"
+
+
+def troubleshooting_lines() -> dict[str, str]:
+    """docs/troubleshooting.md's shown line of each case it tags (``<!-- case: NAME -->`` then a
+    ```text block holding the one line)."""
+    import re
+
+    text = TROUBLESHOOTING.read_text()
+    return {m.group(1): m.group(2) for m in re.finditer(r"<!-- case: (.+?) -->\n```text\n(.+?)\n```", text)}
+
+
+def test_the_troubleshooting_page_shows_what_kktlab_prints(outcomes):
+    """Issue 45: every line docs/troubleshooting.md shows is the line kktlab prints for that case,
+    its folder as {dir}, its closed port as {port} and what depends on the machine as '…'."""
+    shown = troubleshooting_lines()
+    assert len(shown) >= 30 and set(shown) <= set(CASES), set(shown) - set(CASES)
+    for name, line in shown.items():
+        if name in NEEDS_DATA and not (SHARED_DATA / "mnist").is_dir():
+            continue
+        r = outcomes[name]
+        printed = r["output"].strip().replace(str(r["dir"]), "{dir}").replace(str(r["port"]), "{port}")
+        at = 0
+        for part in line.split("…"):  # each piece in order; '…' stands for what depends on the machine
+            found = printed.find(part, at)
+            assert found >= 0 and (at > 0 or found == 0), f"{name}: the page shows\n{line}\nkktlab prints\n{printed}"
+            at = found + len(part)
+        assert at == len(printed), f"{name}: kktlab prints more than the page shows\n{line}\n{printed}"
