@@ -119,7 +119,17 @@ def prefect_api():
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     server = SubprocessASGIServer()
-    server.start(timeout=int(os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"]))
+    limit = int(os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"])
+    try:
+        server.start(timeout=limit)
+    except RuntimeError as err:  # issue 44: one line, not Prefect's traceback, when the start times out
+        server.stop()
+        from core.errors import UserError
+
+        raise UserError(f"the embedded Prefect server did not answer within {limit} s "
+                        f"(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS): {str(err).splitlines()[0]} A busy machine "
+                        "starts it slowly: raise that limit, or start a server once (make server) and export "
+                        "PREFECT_API_URL") from None
     if server.server_process is not None:
         watch_parent(server.server_process.pid)
     os.environ["PREFECT_API_URL"] = server.api_url

@@ -397,3 +397,23 @@ def test_the_troubleshooting_page_shows_what_kktlab_prints(outcomes):
             assert found >= 0 and (at > 0 or found == 0), f"{name}: the page shows\n{line}\nkktlab prints\n{printed}"
             at = found + len(part)
         assert at == len(printed), f"{name}: kktlab prints more than the page shows\n{line}\n{printed}"
+
+
+def test_an_embedded_server_that_does_not_start_in_time_is_one_line(cli, tmp_path):
+    """Issue 44: on a machine too busy to start the embedded Prefect server within its limit, the run
+    ends in one line saying which limit and what to do (it was Prefect's RuntimeError traceback), and
+    leaves no server process behind."""
+    import psutil
+
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env.update(PREFECT_HOME=str(tmp_path / "home"), PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="0")  # never migrated
+    (tmp_path / "good.yaml").write_text(yaml.safe_dump(GOOD))
+    proc = subprocess.run([*cli.argv, "run", str(tmp_path / "good.yaml"), "--store", str(tmp_path / "s.zarr")],
+                          cwd=cli.root, env=env, capture_output=True, text=True, timeout=300)
+    check_one_line(proc.returncode, proc.stdout + proc.stderr, (
+        "the embedded Prefect server did not answer within 0 s (PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS)",
+        "start a server once (make server) and export PREFECT_API_URL"))
+    home = env["PREFECT_HOME"]
+    left = [p for p in psutil.process_iter(["cmdline", "environ"])
+            if "uvicorn" in " ".join(p.info["cmdline"] or []) and (p.info["environ"] or {}).get("PREFECT_HOME") == home]
+    assert not left, left
