@@ -9,7 +9,7 @@ import os
 import sys
 
 from core.errors import UserError
-from kktlab import served, stopping, tables
+from kktlab import schema, served, stopping, tables
 from kktlab.status_lines import left_out
 
 
@@ -373,6 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("experiments", help="what can be run, with parameters")
     s.set_defaults(fn=cmd_experiments)
     tables.add_parser(sub)
+    schema.add_parser(sub)
     s = sub.add_parser("report", help="the paper figures as PNG + SVG, index.md and index.html")
     s.add_argument("store", nargs="+", help="one or more stores (each one's figures in DIR/<store name>/)")
     s.add_argument("--out", required=True)
