@@ -52,6 +52,18 @@ def pytest_configure(config):
     cpu_clock.install(config)  # CPU seconds per test when $KKTLAB_TEST_CPU is set (make test-durations)
     if "PYTEST_XDIST_WORKER" not in os.environ:
         prefect_homes.claim_root()  # one migrated Prefect home for the session's servers to copy
+        _check_installed_here()
+
+
+def _check_installed_here() -> None:
+    """Processes that do not start in the checkout (``dask worker``, a Prefect worker's flow runs) import
+    kktlab through its editable install: if that points at another checkout (a removed worktree), they
+    fail with ModuleNotFoundError deep inside a test. Say so once, before any test runs."""
+    out = subprocess.run([sys.executable, "-c", "import deploy; print(deploy.__file__)"], cwd="/", text=True,
+                         capture_output=True).stdout.strip()
+    if pathlib.Path(out or "/").resolve().parent.parent != ROOT:
+        pytest.exit(f"kktlab is installed from {out or 'nowhere'}, not from this checkout {ROOT}: run "
+                    f"'{sys.executable} -m pip install --no-deps -e {ROOT}' (or make install) first", returncode=4)
 
 
 def pytest_unconfigure(config):
