@@ -41,6 +41,7 @@ def test_mnist_rows_are_train_kkt_s_and_only_their_indices_are_stored(trained):
     W, b, v = (torch.from_numpy(np.asarray(res[k])) for k in ("W", "b", "v"))
     f = torch.relu(X @ W.T + b) @ v
     assert bool((y * f > 0).all()) and res["train_acc"] == 1.0  # trained on exactly these rows
+    assert 0.0 <= res["eps_rel"] < 1.0 and 1 <= res["n_margin"] <= 4  # its distance from a KKT point, stored
 
 
 @pytest.mark.parametrize("change, field", [({"d": 20}, "d"), ({"class_pos": 0}, "class_pos")])

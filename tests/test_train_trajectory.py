@@ -38,7 +38,8 @@ def test_default_log_points_keeps_the_train_layout_exactly():
     assert not [v for v in ds.data_vars if str(v).startswith("traj_")] and "log_step" not in ds.dims
     assert set(ds.attrs[schema.VARIABLES]) == {"status", "iters", "log10_loss", "train_acc", "m_used", "d_used",
                                                "width_used", "nets_stored", "wall_s", "W", "b", "v", "X", "y",
-                                               "data_index", "data_checksum", "batch_rng_state", "done", "failed",
+                                               "data_index", "data_checksum", "eps_rel", "n_margin",
+                                               "batch_rng_state", "done", "failed",
                                                "cell_hash", schema.FINISHED}
     logged = schema.template(EXP, {"seed": [0]}, EXP.extra_dims([dict(CELL, log_points=POINTS)]))
     assert logged.traj_eps_rel.dims == ("seed", "log_step") and logged.sizes["log_step"] == POINTS

@@ -71,7 +71,12 @@ V = {
     "y": Var("1", "training labels y_i in {-1, 1} (zero past m_used)", dims=("sample",), pad=0.0),
     "data_index": Var("1", "index of each training point in the CIFAR-10 training split (data: cifar_vehicles; "
                       "-1 for synthetic data)", "int64", dims=("sample",)),
-    "data_checksum": Var("1", "first 60 bits of the sha256 of the CIFAR-10 file read (0 for synthetic data)", "int64"),
+    "data_checksum": Var("1", "first 60 bits of the sha256 of the data file read (CIFAR-10, MNIST; 0 for synthetic "
+                         "data)", "int64"),
+    "eps_rel": Var("1", "eps*/||theta|| of the trained net: its distance from a KKT point of the max-margin problem "
+                   "(NNLS over W, b, v, paper 004 §2.3; issue 39: what unlearn's eps1_rel of the same net reads)",
+                   domain=(0.0, None)),
+    "n_margin": Var("1", "margin points of that fit: #{lambda_i > 1e-6 max lambda}", "int64"),
     **{f"traj_{k}": Var(*spec, dims=("log_step",)) for k, spec in {
         "iter": ("1", "training step of each logged point (geometric; NaN past the end of training)"),
         "log10_loss": ("log10", "full-data mean loss at that step, log10"),
@@ -152,7 +157,8 @@ def run_bundle(cells: list[dict], device: str = "auto", checkpoint: str | None =
     if cells[0]["log_points"]:  # one bundle, one log_points (bundle_key)
         out = train_logged(cells, device, checkpoint, sets)
     else:
-        out = nonrobust.train_then(lambda net, X, y, mask, cells, gens: cell_fn.pack(net, X, y, cells, gens),
+        out = nonrobust.train_then(lambda net, X, y, mask, cells, gens: with_kkt(cell_fn.pack(net, X, y, cells, gens),
+                                                                                  net, X, y, mask, cells),
                                    cells, device, checkpoint, datasets=sets)
     out = [dict(res, **p) for res, p in zip(out, prov)]
     for res, c in zip(out, cells):  # file data: indices and a checksum, never a copy of the data set
@@ -187,6 +193,15 @@ def retrain(cells: list[dict], drop: torch.Tensor, like: torch.Tensor, device: s
         b[rows, :kk] = st.net.b.detach().to("cpu", torch.float64)
         v[rows, :kk] = st.net.v.detach().to("cpu", torch.float64)
     return W, b, v
+
+
+def with_kkt(out: list[dict], net, X, y, mask, cells: list[dict]) -> list[dict]:
+    """Each cell's result with its trained net's distance from a KKT point (``eps_rel``, ``n_margin``:
+    :func:`tasks.cells.train.trajectory_point`'s NNLS fit, once, at the end of training)."""
+    row = cell_fn.trajectory_point(net, X, y, mask, cells[0]["loss"], torch.zeros(len(cells)))
+    for e, res in enumerate(out):
+        res.update(eps_rel=float(row["eps_rel"][e]), n_margin=int(row["n_margin"][e]))
+    return out
 
 
 def rebuild(cell: dict, read) -> dict:
@@ -250,7 +265,7 @@ def train_logged(cells: list[dict], device: str, checkpoint: str | None, sets: l
                                state.status)
     wall = time.perf_counter() - t0
     cpu = nets.TwoLayer(*(t.detach().to("cpu", torch.float64) for t in (state.net.W, state.net.b, state.net.v)))
-    out = cell_fn.pack(cpu, X, y, cells, gens)
+    out = with_kkt(cell_fn.pack(cpu, X, y, cells, gens), cpu, X, y, maskd.cpu(), cells)
     for e, res in enumerate(out):
         res.update(iters=int(state.iters[e]), status=int(state.status[e]),
                    log10_loss=float(state.log_loss[e]) / math.log(10), wall_s=wall / len(cells),
