@@ -125,6 +125,9 @@ def aggregate(da: xr.DataArray, over: Sequence[str] = (NETS,), *, usable: xr.Dat
         lo, hi = lo.clip(min=dmin), hi.clip(min=dmin)
     if dmax is not None:
         lo, hi = lo.clip(max=dmax), hi.clip(max=dmax)
+    if dmin is not None or dmax is not None:  # a mean of cosines of 1 rounds to 1 + 2e-16, past the clipped
+        lo = xr.where(lo.notnull(), np.fmin(lo, est), lo)  # interval: it still holds its estimate
+        hi = xr.where(hi.notnull(), np.fmax(hi, est), hi)
     out = xr.Dataset({"estimate": est, "lo": lo, "hi": hi, "n": n, "n_inf": n_inf, "n_nan": n_nan,
                       "n_excluded": n_excluded})
     kept = [d for d in x.dims if d not in over]
@@ -237,11 +240,9 @@ def estimate_text(one: xr.Dataset) -> str:
 
 def yerr(agg: xr.Dataset) -> np.ndarray:
     """Matplotlib's ``yerr`` (2, N) for ``errorbar`` of a 1-D ``agg``: the distances to lo and hi (0
-    where there is no interval; the point itself is drawn). Never negative: a mean of cosines of 1 that
-    rounds to 1 + 2e-16 sits above its interval clipped at the declared maximum 1."""
+    where there is no interval; the point itself is drawn)."""
     est = np.asarray(agg.estimate, dtype=float)
-    err = np.stack([est - np.asarray(agg.lo, float), np.asarray(agg.hi, float) - est])
-    return np.nan_to_num(err).clip(min=0.0)
+    return np.nan_to_num(np.stack([est - np.asarray(agg.lo, float), np.asarray(agg.hi, float) - est]))
 
 
 def caption(agg: xr.Dataset | Sequence[xr.Dataset], what: str = "per point") -> str:
