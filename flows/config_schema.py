@@ -12,11 +12,11 @@ stage against its upstream's parameters, data files, memory."""
 from __future__ import annotations
 
 import json
-from typing import Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
 import pydantic
 
-from core.declare import FLOAT_LIMIT, INT_LIMIT, REQUIRED, Param
+from core.declare import REQUIRED, Param
 
 STRICT = pydantic.ConfigDict(extra="forbid", populate_by_name=True)
 # A grid axis written as a range of integers or evenly spaced floats (flows/config.py axis_values).
@@ -29,18 +29,16 @@ def _type(p: Param) -> Any:
     """The value type of a parameter: one of its choices, or its type within its bounds."""
     if p.choices is not None:
         return Literal[tuple(p.choices)]
-    limit = p.limit() if p.type in (int, float) else None
     if p.type is int:
-        return pydantic.conint(ge=p.min, gt=p.gt, le=limit if p.max is not None else INT_LIMIT)
+        return pydantic.conint(ge=p.min, gt=p.gt, le=p.limit())  # its max, else every int's (2**53)
     if p.type is float:
-        return pydantic.confloat(ge=p.min, gt=p.gt, le=limit if p.max is not None else FLOAT_LIMIT,
-                                 allow_inf_nan=False)
+        return pydantic.confloat(ge=p.min, gt=p.gt, le=p.limit(), allow_inf_nan=False)
     return p.type
 
 
-def _field(p: Param, name: str, default: Any = None) -> pydantic.fields.FieldInfo:
+def _field(p: Param, name: str) -> pydantic.fields.FieldInfo:
     doc = p.doc + ("" if p.default is REQUIRED else f" (default: {json.dumps(p.default)})")
-    return pydantic.Field(default, alias=name, description=doc)
+    return pydantic.Field(None, alias=name, description=doc)
 
 
 def _block(title: str, params: dict[str, Param], axis: bool = False) -> type[pydantic.BaseModel]:
@@ -92,8 +90,6 @@ def schema() -> dict:
         f_description=(Optional[str], pydantic.Field(None, alias="description")),
         f_store=(Optional[str], pydantic.Field(None, alias="store")),
         f_runner=(Optional[runner], pydantic.Field(None, alias="runner")))
-    from typing import Annotated
-
     top = Union[chain, Annotated[Union[tuple(singles)], one]]
     out = pydantic.TypeAdapter(top).json_schema(by_alias=True)
     return {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": "kktlab config", **out}

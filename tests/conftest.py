@@ -140,8 +140,8 @@ def dask_address(prefect_server):
 
 
 FLOW_RUNS = ("run",)  # commands that attach to the session's services
-# commands cli.run runs in this process (no 3-10 s of imports per call): runs, and the readers
-IN_PROCESS = (*FLOW_RUNS, "status", "verify", "show", "table", "report", "experiments")
+# commands cli.run runs in this process (no 3-10 s of imports per call): runs, the readers and schema
+IN_PROCESS = (*FLOW_RUNS, "status", "verify", "show", "table", "report", "experiments", "schema")
 
 
 def _run_cli(*args, env=None, timeout=600, process=False, cwd=None, **kw) -> subprocess.CompletedProcess:

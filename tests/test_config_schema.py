@@ -79,6 +79,6 @@ def test_a_chain_s_stages_are_checked_per_experiment(validator):
 
 def test_the_cli_writes_the_schema(cli, tmp_path):
     out = tmp_path / "kktlab.schema.json"
-    res = cli.run("schema", "--out", out, process=True, timeout=120)
+    res = cli.run("schema", "--out", out, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
     assert json.loads(out.read_text()) == json.loads(json.dumps(schema()))
