@@ -46,6 +46,26 @@ API_RETRY_PRELOAD = "deploy.api_retry"  # task runs ride out a restart of the Pr
 
 
 ATTACH_ENV = "KKTLAB_DASK_ADDRESS"
+# what a local worker process imports before its first bundle, imported once in the forkserver it forks from
+# (no module here starts a thread at import: xarray's does, jemalloc's background thread, so it is left out)
+FORKSERVER_PRELOAD = ("distributed", "torch", "prefect", "prefect_dask", "zarr", "tasks.cells", WORKER_PRELOAD,
+                      API_RETRY_PRELOAD)
+
+
+def fork_workers_from_a_preloaded_server() -> None:
+    """Start local Dask workers by forking a forkserver that imported torch, Prefect and Dask once
+    (``distributed.worker.multiprocessing-method: forkserver``) instead of spawning interpreters that
+    each import them: a 2-worker LocalCluster costs 2.6 CPU s instead of 5 (measured on 2 cores).
+    The forkserver starts with the first worker, inside the nanny's ``pre-spawn-environ``
+    (``OMP_NUM_THREADS=1``, ...), so torch is imported there with one thread. ``$KKTLAB_DASK_SPAWN=1``
+    keeps Dask's default (spawn)."""
+    import dask
+    from distributed.utils import get_mp_context
+
+    if os.environ.get("KKTLAB_DASK_SPAWN") == "1":
+        return
+    dask.config.set({"distributed.worker.multiprocessing-method": "forkserver"})
+    get_mp_context().set_forkserver_preload(list(FORKSERVER_PRELOAD))  # after Dask's own default list
 
 
 def attached(runner: dict) -> dict:
@@ -83,6 +103,7 @@ def task_runner(runner: dict):
         return DaskTaskRunner(cluster_class="dask_cuda.LocalCUDACluster",
                               cluster_kwargs={**common, "threads_per_worker": runner["threads_per_worker"],
                                               "resources": GPU_RESOURCE})
+    fork_workers_from_a_preloaded_server()
     return DaskTaskRunner(
         cluster_class="distributed.LocalCluster",
         cluster_kwargs={**common, "n_workers": runner["workers"], "threads_per_worker": runner["threads_per_worker"],

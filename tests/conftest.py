@@ -108,8 +108,9 @@ class Services:
             self.prefect()  # the workers inherit $PREFECT_API_URL: they report to the session's server
             from distributed import LocalCluster
 
-            from deploy.dask import API_RETRY_PRELOAD, WORKER_PRELOAD
+            from deploy.dask import API_RETRY_PRELOAD, WORKER_PRELOAD, fork_workers_from_a_preloaded_server
 
+            fork_workers_from_a_preloaded_server()  # as kktlab run's LocalCluster
             cluster = self.stack.enter_context(LocalCluster(
                 n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
                 dashboard_address="127.0.0.1:0", preload=[WORKER_PRELOAD, API_RETRY_PRELOAD]))
