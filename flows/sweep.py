@@ -294,6 +294,16 @@ def plan(cfg: config_mod.Config, store: Store, force: bool, retry_failed: bool =
     return todo, int(done.sum())
 
 
+def open_stores(stages: list, store_path: str) -> list[Store]:
+    """The store group of every stage of a chain, in order, a reading stage's chunked within its
+    upstream group's block (:func:`open_store`), as the run opens them."""
+    opened: dict[str, Store] = {}
+    for stage in stages:
+        up_block = opened[stage.source].block() if stage.source else None
+        opened[stage.name] = open_store(stage, store_path, stage.runner["device"], up_block)
+    return list(opened.values())
+
+
 def open_store(cfg: config_mod.Config, store_path: str, device: str, up_block: tuple | None = None) -> Store:
     """The store group of one stage (dims: its upstream's, then its own axes), made from the
     template if new, chunked by blocks of cells (``up_block``: its upstream group's block, for a
@@ -371,8 +381,7 @@ def run(cfg, store_path: str, force: bool = False, retry_failed: bool = False, w
     raw = dict(cfg.to_dict(), _text=cfg.text)
     raw.pop("store")
     one_run = sweep.with_options(task_runner=runner, flow_run_name=f"{cfg.name}")
-    for stage in cfg.stages:
-        open_store(stage, store_path, stage.runner["device"])
+    open_stores(cfg.stages, store_path)
     with runlock.hold(store_path, [stage.name for stage in cfg.stages], wait=wait):
         out = one_run(raw, store_path, force, retry_failed)
     refused_room(out if isinstance(out, list) else [out], store_path)

@@ -114,13 +114,12 @@ def cmd_run(args) -> int:
 
     runtime.quiet_env(args.verbose)
     runtime.quiet_logs(args.verbose)
-    from flows.sweep import open_store, run
+    from flows.sweep import open_stores, run
     from kktlab.progress_view import terminal_bars
     from storage.query import open_results, summary
 
     for cfg, store in zip(cfgs, stores):
-        for stage in cfg.stages:  # then the groups are made, before the server
-            open_store(stage, store, stage.runner["device"])
+        open_stores(cfg.stages, store)  # then the groups are made, before the server
     all_stats = []
     stopping.install()
     try:

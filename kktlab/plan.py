@@ -13,21 +13,34 @@ import numpy as np
 ZARR_JSON = 1  # metadata file per array (and per group)
 
 
-def stage_plan(cfg, store: str, up_block: tuple | None = None) -> dict:
+def stage_plan(cfg, store: str, up_block: tuple | None = None, up_bundles: list[list] | None = None,
+               up_cfg=None) -> dict:
     """The numbers of one stage (a :class:`flows.config.Config` of a chain or a single config);
-    ``up_block``: the block of the stage it reads from (storage/blocks.py)."""
+    ``up_block``: the block of the stage it reads from (storage/blocks.py); ``up_bundles``: that
+    stage's bundles, as the index tuples of their cells (``bundle_cells`` of its plan); ``up_cfg``
+    that stage's config."""
     from flows.bundles import block_for, make_bundles, memory_budget
     from storage import schema
 
     exp, n = cfg.exp, cfg.n_cells
     extra = cfg.extra_sizes()
     own = cfg.cells()
-    items = [((i,), c) for i, c in enumerate(own)]
     budget = memory_budget(cfg.runner["device"], cfg.runner["workers"])
-    per_upstream = len(make_bundles(exp, items, cfg.runner["bundle_size"], memory_budget=budget,
-                                    workers=cfg.runner["workers"]))
-    ups = n // max(len(own), 1)
     block = block_for(cfg, up_block)  # a new group's chunk of cells (storage/blocks.py)
+    own_idx = list(np.ndindex(*[len(v) for v in cfg.grid.values()]))
+
+    def cut(ups: list[tuple]) -> list[list]:  # the bundles of this stage's cells that read ``ups``, as indices
+        items = [(u + i, c) for u in ups for i, c in zip(own_idx, own)]
+        if up_cfg is not None and exp.inherits:  # bundled by the values a cell takes from its upstream cell too
+            up_cells, shape = up_cfg.store_cells(), [len(v) for v in up_cfg.store_grid.values()]
+            items = [(idx, exp.with_inherited(c, up_cells[int(np.ravel_multi_index(idx[:len(shape)], shape))]))
+                     for idx, c in items]
+        return [[idx for idx, _ in b] for b in make_bundles(exp, items, cfg.runner["bundle_size"], memory_budget=budget,
+                                                           workers=cfg.runner["workers"], block=block)]
+
+    # as the run cuts them (flows/chain.py): a reading stage's cells per upstream bundle, as each is stored and
+    # releases them (``_release``), in whole blocks; not per upstream cell
+    bundles = cut([()]) if up_bundles is None else [b for ups in up_bundles for b in cut([tuple(u) for u in ups])]
     ds = schema.template(exp, cfg.store_grid, extra, block)  # lazy: what the store is made from
     files = ZARR_JSON + sum(ZARR_JSON + math.prod(math.ceil(s / c) for s, c in zip(var.shape, _chunks(var)))
                             for var in ds.variables.values())
@@ -35,7 +48,7 @@ def stage_plan(cfg, store: str, up_block: tuple | None = None) -> dict:
     largest = max(own, key=exp.memory) if own else {}
     held = _done(store, cfg.name)
     return {"stage": cfg.name, "experiment": exp.name, "cells": n, "done": held,
-            "bundles": per_upstream * ups,  # a reading stage: its own cells' bundles per upstream cell
+            "bundles": len(bundles), "bundle_cells": bundles,
             "files": files, "bytes": nbytes, "block": list(block), "largest_cell_bytes": exp.memory(largest) if own else 0.0,
             "largest_cell": {k: largest[k] for k in exp.memory_fields if k in largest}, "checksum": schema.CHECKSUM}
 
@@ -67,8 +80,9 @@ def print_plan(cfgs, stores, out=sys.stdout) -> None:
     for cfg, store in zip(cfgs, stores):
         rows, by_name = [], {}
         for stage in cfg.stages:
-            rows.append(stage_plan(stage, store, by_name.get(stage.source)))
-            by_name[stage.name] = tuple(rows[-1]["block"])
+            up = by_name.get(stage.source)
+            rows.append(stage_plan(stage, store, *(up or (None, None, None))))
+            by_name[stage.name] = (tuple(rows[-1]["block"]), rows[-1]["bundle_cells"], stage)
         print(f"[dry run] {cfg.name} -> {store} (nothing is started or written)", file=out)
         for r in rows:
             held = "new group" if r["done"] is None else f"{r['done']:,} done already"

@@ -64,6 +64,20 @@ def ran(run_chain):
 
 
 @pytest.mark.slow
+def test_the_dry_run_predicts_the_bundles_each_stage_ran(ran, capsys):
+    """``kktlab run --dry-run`` cuts a reading stage's cells per upstream bundle, as the run releases
+    them (flows/chain.py ``_release``), not per upstream cell (issue 45: 18 predicted, 9 run)."""
+    from kktlab.plan import print_plan
+
+    stats = json.loads((ran / "stats.json").read_text())
+    print_plan([config.load(ran / "chain.yaml")], [str(ran / "none.zarr")])
+    lines = capsys.readouterr().out.splitlines()
+    for s in stats:
+        line = next(ln for ln in lines if ln.strip().startswith(f"{s['group']} ("))
+        assert f"~{s['bundles']} bundles" in line, (s, line)
+
+
+@pytest.mark.slow
 def test_E1_chain_end_to_end_dims_and_lazy_ball(ran):
     from storage.query import open_results
 

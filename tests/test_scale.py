@@ -105,3 +105,32 @@ def test_bundles_are_cut_from_whole_blocks(stacked):
         for i, b in enumerate(bundles):
             for (d, s), _ in b:
                 assert blocks_of.setdefault((d, s // 4), i) == i, (size, bundles)
+
+
+def test_a_chain_opens_its_groups_in_the_blocks_the_dry_run_plans(tmp_path):
+    """A reading stage's group is chunked within its upstream group's block (flows/bundles.py
+    ``block_for``) when ``kktlab run`` makes the groups, before any server (``open_stores``): pipeline-small's
+    readers of ``unlearned`` (block (1, 1, 2)) hold both α of a net in one chunk, as ``--dry-run`` plans
+    (its file and bundle counts come from these blocks). Made without the upstream's block, they were
+    (1, 1, 1, 2): twice the bundles the plan said (18 per reader, not 9)."""
+    import pathlib
+
+    from flows.sweep import open_stores
+    from kktlab.plan import print_plan, stage_plan
+
+    cfg = config.load(pathlib.Path(__file__).resolve().parents[1] / "configs" / "pipeline-small.yaml")
+    stores = dict(zip([s.name for s in cfg.stages], open_stores(cfg.stages, str(tmp_path / "p.zarr"))))
+    planned, ups = {}, {}
+    for stage in cfg.stages:
+        row = stage_plan(stage, str(tmp_path / "none.zarr"), *ups.get(stage.source, (None, None, None)))
+        ups[stage.name] = (tuple(row["block"]), row["bundle_cells"], stage)
+        planned[stage.name] = (tuple(row["block"]), row["bundles"])
+    assert {name: s.block() for name, s in stores.items()} == {name: b for name, (b, _) in planned.items()}
+    assert stores["recon"].block() == (1, 1, 2, 2) and stores["unlearned"].block() == (1, 1, 2)
+    # the run's bundles (pipeline-small, measured: 2, 9 and 9 per reader) and the printed plan
+    assert [n for _, n in planned.values()] == [2, 9, 9, 9, 9, 9, 9]
+    import io
+
+    out = io.StringIO()
+    print_plan([cfg], [str(tmp_path / "none.zarr")], out=out)
+    assert "recon (reconstruct): 36 cells (new group), ~9 bundles" in out.getvalue()
