@@ -82,3 +82,16 @@ def test_the_cli_writes_the_schema(cli, tmp_path):
     res = cli.run("schema", "--out", out, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
     assert json.loads(out.read_text()) == json.loads(json.dumps(schema()))
+
+
+HEADER = "# yaml-language-server: $schema=kktlab.schema.json"
+
+
+def test_shipped_configs_name_the_shipped_schema_and_it_is_current():
+    """Issue 42: every config in ``configs/`` starts with the YAML language server's header naming
+    ``configs/kktlab.schema.json``, so an editor completes and checks its keys; that file is what
+    ``kktlab schema`` writes today (regenerate it with ``kktlab schema --out configs/kktlab.schema.json``)."""
+    lines = {p.name: p.read_text().splitlines()[0] for p in (ROOT / "configs").glob("*.yaml")}
+    assert {name: first for name, first in lines.items() if first != HEADER} == {}
+    shipped = json.loads((ROOT / "configs" / "kktlab.schema.json").read_text())
+    assert shipped == schema(), "configs/kktlab.schema.json is stale: kktlab schema --out configs/kktlab.schema.json"

@@ -249,9 +249,11 @@ def test_compile_step_param_reaches_the_training_step_issue19():
     from flows import config
     from flows.experiments import train as train_exp
 
-    def nets(compiled: bool):
-        cfg = config.parse({"experiment": "train", "grid": {"seed": [0, 1]},
-                            "params": {"d": 6, "m": 8, "width": 10, "max_iters": 300, "compile_step": compiled}})
+    def nets(compiled: bool):  # the direct-n>d stack's shapes and schedule: the graph compiled there is reused
+        cfg = config.parse({"experiment": "train", "grid": {"d": [{"d": 5, "m": 9, "width": 12},
+                                                                   {"d": 3, "m": 6, "width": 7}], "seed": [0, 1]},
+                            "params": {"lr0": 1e-2, "lr_period": 10, "target_loss": 1e-8, "max_iters": 122,
+                                       "compile_step": compiled}})
         return train_exp.run_bundle(cfg.cells(), "cpu")
 
     from tasks.train import compile_policy
