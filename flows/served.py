@@ -38,4 +38,7 @@ def submit(config_path: str, store: str | None = None, overrides: dict | None = 
     for st in stats if isinstance(stats, list) else [stats]:  # a chain: one per stage
         print(f"kktlab: {st['written']} cells written to {path} group {st['group']} "
               f"({st['done_before']} were done before, {st['total']} in all)")
+    from flows import run_ui
+
+    run_ui.results_tables(path, [stage.name for stage in cfg.stages])  # kktlab report's tables, in the UI
     return stats

@@ -163,6 +163,19 @@ def test_a_submitted_sweep_and_chain_complete_with_their_progress_on_the_server(
         assert any("cells 2/2 (100%)" in t for t in texts) or any("cells 1/1 (100%)" in t for t in texts), texts
         assert any("cells" in log.message and "ETA" in log.message for log in logs[parent.id])
     assert any(a.key == "kktlab-chain-robustness" for a in artifacts)
+    # kktlab report's tables in the UI (issue 43): each stage's summary, as ``kktlab show`` gives it, on the
+    # run submit printed
+    import json as json_mod
+
+    from storage.query import summary_frame
+
+    tables = {a.key: a for a in artifacts if a.type == "table" and a.key.endswith("-summary")}
+    for key, store_, group in (("kktlab-served-served-summary", tiny.store, "served"),
+                               ("kktlab-chain-nets-summary", store2, "nets"),
+                               ("kktlab-chain-robustness-summary", store2, "robustness")):
+        rows = tables[key].data if isinstance(tables[key].data, list) else json_mod.loads(tables[key].data)
+        want = json_mod.loads(summary_frame(open_results(store_, group)).reset_index().to_json(orient="records"))
+        assert rows == want and str(tables[key].flow_run_id) in ids, (key, rows, want)
     names = {t.name for t in task_runs}
     assert "served d=16 seed=0 (1 cell)" in names and "nets d=16 seed=0 (1 cell)" in names, names
     assert "robustness d=16 seed=0 attack=margin_direction (1 cell)" in names, names
