@@ -72,7 +72,7 @@ bench: install
 docs: install
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
-# docs/tutorial.md from a fresh run of configs/pipeline-small.yaml (~70 s on 2 cores): every number on the
+# docs/tutorial.md from a fresh run of configs/pipeline-small.yaml (~35 s on 2 cores): every number on the
 # page is written by this run (docs/gen_tutorial.py executes the page's code blocks against the store)
 tutorial: install
 	rm -rf results/pipeline-small.zarr results/pipeline-small.zarr.*

@@ -249,15 +249,6 @@ def findings(g: str, exp: str, ds: xr.Dataset, eps: xr.Dataset | None = None) ->
     return rows
 
 
-def findings_table(store) -> list[str]:
-    """The chain's findings table alone (markdown lines: header and one row per entry, as
-    :func:`store_figures` writes it, no figures); [] when no stage reads an ``unlearn`` stage."""
-    found, _ = readers_of_unlearn(store)
-    rows = [row for g, exp, ds, unl in found for row in findings(g, exp, ds, regime(unl))]
-    return ["| stage | quantity | method | α | setting | forgotten | retained | verdict |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- |", *rows] if rows else []
-
-
 def store_figures(store, out) -> tuple[list[pathlib.Path], list[str]]:
     """The chain's figures and its findings table (markdown lines); nothing when no stage reads an
     ``unlearn`` stage."""

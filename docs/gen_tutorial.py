@@ -3,7 +3,7 @@ question answered end to end, every number in the page written by this run. Each
 the template is executed in order (one namespace, from the folder that holds ``results/``) and what it
 prints is written below it; the chain table is analysis/pipeline.py's, as ``kktlab report`` writes it.
 
-    kktlab run configs/pipeline-small.yaml            # ~70 s on 2 cores: results/pipeline-small.zarr
+    kktlab run configs/pipeline-small.yaml            # ~35 s on 2 cores: results/pipeline-small.zarr
     python docs/gen_tutorial.py [--root .]            # docs/tutorial.md (make tutorial does both)
 """
 

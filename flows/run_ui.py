@@ -8,7 +8,7 @@ description) and a markdown artifact with the same line, both created once per r
 place (a keyed artifact's page shows the newest run's, kept current). When every stage has run:
 a table artifact of the stages' counts and a markdown artifact naming the store and
 ``kktlab report STORE --out DIR``; on a served run (:func:`results_tables`), per stage its summary
-table and acceptance rows, and a chain's findings table. Everything here is best effort: the store is
+table. Everything here is best effort: the store is
 the truth, and a server that does not answer never stops a sweep."""
 
 from __future__ import annotations
@@ -181,42 +181,26 @@ def finish(store, stats: list[dict], experiments: list[str], lines: list[str]) -
 
 
 def results_tables(store, groups: list[str]) -> None:
-    """What ``kktlab report`` prints, readable in the Prefect UI (issue 43), on the root flow run: per
-    stage its summary (:func:`storage.query.summary_frame`: the statistics layer's means over seeds of
-    the usable cells, n_used beside) as a table artifact and its acceptance rows as markdown, and for a
-    chain with readers of an ``unlearn`` stage the findings table (analysis/pipeline.py). Called by
-    the served flow only (flows/served.py): an embedded server's UI ends with its run."""
+    """``kktlab show``'s numbers, readable in the Prefect UI (issue 43), on the root flow run: per stage
+    its summary (:func:`storage.query.summary_frame`: the statistics layer's means over seeds of the
+    usable cells, ``n_used`` beside) as a table artifact ``<store>-<stage>-summary``. Called by the
+    served flow only (flows/served.py): an embedded server's UI ends with its run. (The acceptance
+    and findings tables are analysis/'s, a room above flows/: ``kktlab report``.)"""
     run_id, _ = root_run()
     if not run_id:
         return
     from prefect.client.schemas.actions import ArtifactCreate
 
-    from analysis.pipeline import findings_table
-    from kktlab.report import acceptance_rows
     from storage.query import open_results, summary_frame
-
-    def table(g, ds) -> str:  # NaN -> null, one record per row of the summary
-        return summary_frame(ds).reset_index().to_json(orient="records")
 
     try:
         with _client() as client:
             for g in groups:
                 ds = open_results(store, g)
-                client.create_artifact(ArtifactCreate(key=key(store, f"{g}-summary"), type="table", data=table(g, ds),
+                rows = summary_frame(ds).reset_index().to_json(orient="records")  # NaN -> null
+                client.create_artifact(ArtifactCreate(key=key(store, f"{g}-summary"), type="table", data=rows,
                                                       description=f"kktlab: {g} ({ds.attrs.get('kktlab_experiment')}), "
                                                       "means over seeds of the usable cells (kktlab show)",
-                                                      flow_run_id=run_id))
-                rows = acceptance_rows(ds)
-                if rows:
-                    md = ["| spec | criterion | measured | threshold | verdict |", "| --- | --- | --- | --- | --- |"]
-                    md += [f"| {r.spec_id} | {r.criterion} | {r.measured} | {r.threshold} | {r.verdict} |" for r in rows]
-                    client.create_artifact(ArtifactCreate(key=key(store, f"{g}-acceptance"), type="markdown",
-                                                          data="\n".join(md), flow_run_id=run_id,
-                                                          description=f"kktlab: {g}, the spec's acceptance rows"))
-            found = findings_table(store)
-            if found:
-                client.create_artifact(ArtifactCreate(key=key(store, "findings"), type="markdown", data="\n".join(found),
-                                                      description="kktlab: the chain, forgotten vs retained points",
                                                       flow_run_id=run_id))
     except Exception:  # noqa: BLE001 - the UI is best effort
         pass
