@@ -205,7 +205,7 @@ class Served:
 
         with self.client() as client:
             arts = client.read_artifacts(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id])))
-        table = next(a for a in arts if a.type == "table")
+        table = next(a for a in arts if a.type == "table" and (a.description or "").startswith("kktlab: cells per stage"))
         return {r["stage"]: r for r in json.loads(table.data)}
 
     def history(self, run_id: str, t0: float) -> str:
