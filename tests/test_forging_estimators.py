@@ -73,31 +73,36 @@ def test_P000_13_benchmark_setting_1e12_within_3se(linreg, torch_gen):
 
 
 CAL_D, CAL_EPS, CAL_N, CAL_SEEDS = 5, 0.01, 500, 50  # forging probability 2.0e-11
+SE_SEEDS = 120  # the stated-SE test's seeds (its docstring: why 120)
 
 
 @pytest.mark.slow
 def test_P000_13_stated_se_is_calibrated_over_seeds(linreg, torch_gen):
     """The stated SE (spec §5, CV over 10 repetitions, floored by the Au-Beck within-run CoV, Student-t
-    factor) is calibrated: over 50 independent seeds at d = 5, eps = 0.01 (p = 2.0e-11, N = 500, ~30 s)
-    the errors z = (estimate - exact)/SE have mean z² < 1.5, at most 5 of 50 (10 %) beyond 2 SE and
-    mean |z| < 0.95 (measured 0.90, 1/50, 0.78 with the log-spread floor and block moves; 1.13,
-    4/50, 0.85 without; before the fix of issue 11 item 13: 2.57, 7/50).
+    factor) is calibrated: over 120 independent seeds at d = 5, eps = 0.01 (p = 2.0e-11, N = 500, ~12 s)
+    the errors z = (estimate - exact)/SE have mean z² < 1.5, at most 16 of 120 (13 %) beyond 2 SE and
+    mean |z| < 0.97. Measured on an Intel Xeon: 1.31, 14/120, 0.90 with kktlab's MKL_CBWR=AVX2,STRICT;
+    1.01, 9/120, 0.80 without it.
 
-    Design (z ~ N(0, s²) i.i.d.; 50·mean z²/s² is chi-square with 50 dof; Monte Carlo for the joint
-    rule): a correct SE (s = 1) fails with probability 5.6 % (mean z² alone: P(chi²_50 > 75) = 1.3 %);
-    an SE understated 1.3× (s = 1.3, mean z² 1.69) passes with probability 17.5 % (mean z² alone:
-    P(chi²_50 < 44.4) = 30 %). Fifty seeds cannot separate 1 from 1.3 better than that; the seeds are
-    fixed, so the outcome is deterministic and the probabilities describe how the rule was chosen."""
+    The estimator is biased low by about 0.4 SE (mean z -0.54 and -0.36 on those two runs; 150 other
+    seeds: mean error -0.08 ± 0.03 in log at a stated SE of 0.35, the skew of a linear mean of 10
+    lognormal-like runs, while the pooled runs are unbiased): a known limit (issue 41), which the rule
+    allows. Design (z ~ N(b, s²) i.i.d., the joint rule simulated over 200,000 sets): a correct SE (s = 1)
+    fails with probability 0.15 % at b = 0 and 3.7 % at b = -0.4; an SE understated 1.3× (mean z² 1.69)
+    passes with probability 14.5 % at b = 0 and 4.3 % at b = -0.4. The seeds are fixed, but MKL's code
+    path (AMD EPYC or Intel Xeon, MKL_CBWR) changes the chains' last bits, so each machine draws the 120
+    runs afresh: the former rule of 50 seeds (mean z² < 1.5, 5 beyond 2 SE; false alarm 5.6 % at b = 0)
+    passed on AMD EPYC and failed on an Intel Xeon (mean z² 1.55, 6/50 beyond 2 SE)."""
     model, xs = linreg(CAL_D)
     exact = linreg_log_volume(CAL_D, CAL_EPS, 1.0)
     assert exact - linreg_log_region_measure(CAL_D, 1.0, 1.0 + CAL_EPS) == pytest.approx(math.log(2.0e-11), abs=0.05)
     problem = slab_problem(model, xs, 1.0, "integrated")
     z = np.array([(e.log_volume - exact) / e.log_volume_stderr for e in
                   (subset_simulation(problem, CAL_EPS, generator=torch_gen(1000 + s), n_samples=CAL_N)
-                   for s in range(CAL_SEEDS))])
+                   for s in range(SE_SEEDS))])
     assert np.mean(z * z) < 1.5, z
-    assert np.sum(np.abs(z) > 2) <= 0.1 * CAL_SEEDS, z
-    assert np.mean(np.abs(z)) < 0.95, z
+    assert np.sum(np.abs(z) > 2) <= 16, z
+    assert np.mean(np.abs(z)) < 0.97, z
 
 
 CAL_SAMPLED_N, CI_SEEDS = 2000, 20  # spec §6 item 5(a): N >= 2000 per level
