@@ -15,14 +15,18 @@ import torch
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 
 
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo): timings of one suite differ ~2x between the AMD EPYC and
+    the Intel Xeon machines this project has run on, so every timing names its CPU."""
+    info = pathlib.Path("/proc/cpuinfo")
+    lines = info.read_text().splitlines() if info.exists() else []
+    names = [ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")]
+    return names[0] if names else (platform.processor() or platform.machine())
+
+
 def device_info(device: str = "cpu") -> dict:
     info = {"device": device, "host": platform.node(), "machine": platform.machine(),
-            "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads()}
-    try:
-        with open("/proc/cpuinfo") as f:
-            info["cpu"] = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "?")
-    except OSError:
-        info["cpu"] = platform.processor()
+            "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "cpu": cpu_name()}
     if device.startswith("cuda") and torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name()
     try:

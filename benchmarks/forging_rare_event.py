@@ -42,6 +42,7 @@ from scipy.optimize import brentq
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
+from benchmarks.common import cpu_name  # noqa: E402
 from tasks.forging.estimators import naive_mc, naive_mc_samples_for, subset_simulation  # noqa: E402
 from tasks.forging.problems import slab_problem  # noqa: E402
 from tasks.forging.estimators.importance import subset_importance  # noqa: E402
@@ -54,13 +55,6 @@ def eps_for_probability(d: int, A: float, R: float, p: float) -> float:
     f = lambda le: (linreg_log_volume(d, math.exp(le), A, R)  # noqa: E731
                     - linreg_log_region_measure(d, R, A + math.exp(le)) - math.log(p))
     return math.exp(brentq(f, math.log(1e-15 * A), math.log(A), xtol=1e-14))
-
-
-def cpu_name() -> str:
-    info = pathlib.Path("/proc/cpuinfo")
-    lines = info.read_text().splitlines() if info.exists() else []
-    names = [ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")]
-    return names[0] if names else (platform.processor() or platform.machine())
 
 
 NAIVE_EVALS_PER_SAMPLE = 2  # label-sampled membership: ∇_w f at (z, t) and the label draw (slab_problem)

@@ -67,12 +67,10 @@ def machine() -> dict:
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     dirty = subprocess.run(["git", "status", "--porcelain", "tasks"], cwd=ROOT, capture_output=True,
                            text=True).stdout.strip()
-    try:
-        with open("/proc/cpuinfo") as fh:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")), "?")
-    except OSError:
-        cpu = platform.processor()
-    return {"platform": platform.platform(), "python": platform.python_version(), "cpu": cpu,
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.common import cpu_name
+
+    return {"platform": platform.platform(), "python": platform.python_version(), "cpu": cpu_name(),
             "cpu_count": os.cpu_count(), "load_avg_1m": os.getloadavg()[0],
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "git_commit": commit, "tasks_modified_since_commit": bool(dirty)}

@@ -15,6 +15,7 @@ import json
 import os
 import pathlib
 import platform
+import sys
 import xml.etree.ElementTree as ET
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
@@ -62,7 +63,11 @@ def main(argv=None) -> None:
         if r["test"] in cpu:
             r["cpu_s"] = cpu[r["test"]]
             cpu_by_file[f] = cpu_by_file.get(f, 0.0) + r["cpu_s"]
-    out = {"machine": {"host": platform.node(), "cpu_count": os.cpu_count(), "load_avg_1m_after": os.getloadavg()[0]},
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+    from benchmarks.common import cpu_name
+
+    out = {"machine": {"host": platform.node(), "cpu": cpu_name(), "cpu_count": os.cpu_count(),
+                       "load_avg_1m_after": os.getloadavg()[0]},
            "wall_s": a.wall, "tests": len(rows), "test_seconds_sum": sum(r["seconds"] for r in rows),
            "outcomes": {o: sum(r["outcome"] == o for r in rows) for o in ("passed", "failure", "error", "skipped")},
            "test_cpu_seconds_sum": sum(cpu_by_file.values()) if cpu else None,
@@ -87,7 +92,8 @@ def write_readme(path: pathlib.Path, out: dict, top: list[dict]) -> None:
     lines = [f"{out['tests']} tests ({o['passed']} passed, {o['failure'] + o['error']} failed, {o['skipped']} skipped), "
              f"{out['test_seconds_sum']:.0f} s of test time" + (f", {out['wall_s']:.0f} s wall" if out["wall_s"] else "")
              + (f", {out['test_cpu_seconds_sum']:.0f} CPU s" if out["test_cpu_seconds_sum"] else "")
-             + f"; load {out['machine']['load_avg_1m_after']:.1f} after the run, {out['machine']['cpu_count']} cores.",
+             + f"; load {out['machine']['load_avg_1m_after']:.1f} after the run, {out['machine']['cpu_count']} cores "
+             f"({out['machine']['cpu']}).",
              "", "| seconds | CPU s | test |", "|---:|---:|---|"]
     lines += [f"| {r['seconds']:.1f} | {r.get('cpu_s', float('nan')):.1f} | `{r['test']}` |" for r in top]
     path.write_text(head + "\n".join(lines) + "\n")
