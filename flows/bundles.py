@@ -152,3 +152,16 @@ def cfg_upstream_cells(cfg) -> list[dict]:
 
     axes = list(cfg.upstream_grid.values())
     return [dict(zip(cfg.upstream_grid, combo)) for combo in itertools.product(*axes)]
+
+
+def with_upstream_values(exp: Experiment, items: list[tuple[tuple, dict]], up_cfg) -> list[tuple[tuple, dict]]:
+    """A reading stage's ``(index, cell)`` items with the values each cell takes from the upstream
+    cell it reads (``exp.with_inherited``; the index's leading dims are the upstream's), so that they
+    bundle by those too. The one rule of the run (flows/chain.py) and its dry run (kktlab/plan.py)."""
+    if up_cfg is None or not exp.inherits:
+        return items
+    import numpy as np
+
+    ups, shape = up_cfg.store_cells(), [len(v) for v in up_cfg.store_grid.values()]
+    return [(idx, exp.with_inherited(cell, ups[int(np.ravel_multi_index(tuple(idx[:len(shape)]), shape))]))
+            for idx, cell in items]

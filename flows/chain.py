@@ -27,7 +27,6 @@ import queue
 import time
 from collections import defaultdict
 
-import numpy as np
 
 from core.errors import UserError
 from deploy import dask as dask_specs
@@ -36,7 +35,7 @@ from flows import result_cache
 from flows import run_ui
 from flows.result_cache import FAILED, HASH, NO_ROOM, REFUSED, ROOM_ERRNOS
 from flows.bundle_progress import BundleCancelled
-from flows.bundles import bundle_name, by_block, make_bundles, memory_budget
+from flows.bundles import bundle_name, by_block, make_bundles, memory_budget, with_upstream_values
 from flows.progress import Progress
 from storage import bundle_progress as inside
 from storage import runlock
@@ -135,11 +134,7 @@ class Scheduler:
     def _bundles(self, st: _Stage, items: list) -> list:
         cfg = st.cfg
         budget = memory_budget(cfg.runner["device"], cfg.runner["workers"])
-        if st.up and cfg.exp.inherits:  # bundle by the values each cell takes from its upstream cell too
-            ups = st.up.cfg.store_cells()
-            shape = [len(v) for v in st.up.cfg.store_grid.values()]
-            items = [(idx, cfg.exp.with_inherited(cell, ups[int(np.ravel_multi_index(tuple(idx[:st.k]), shape))]))
-                     for idx, cell in items]
+        items = with_upstream_values(cfg.exp, items, st.up.cfg if st.up else None)
         by_index = {tuple(idx): (idx, cell) for idx, cell in items}
         kept = []  # a killed run's bundles whose receipts are left: cut as they were, so they are used
         for receipt in list(st.receipts):

@@ -19,7 +19,7 @@ def stage_plan(cfg, store: str, up_block: tuple | None = None, up_bundles: list[
     ``up_block``: the block of the stage it reads from (storage/blocks.py); ``up_bundles``: that
     stage's bundles, as the index tuples of their cells (``bundle_cells`` of its plan); ``up_cfg``
     that stage's config."""
-    from flows.bundles import block_for, make_bundles, memory_budget
+    from flows.bundles import block_for, make_bundles, memory_budget, with_upstream_values
     from storage import schema
 
     exp, n = cfg.exp, cfg.n_cells
@@ -30,11 +30,7 @@ def stage_plan(cfg, store: str, up_block: tuple | None = None, up_bundles: list[
     own_idx = list(np.ndindex(*[len(v) for v in cfg.grid.values()]))
 
     def cut(ups: list[tuple]) -> list[list]:  # the bundles of this stage's cells that read ``ups``, as indices
-        items = [(u + i, c) for u in ups for i, c in zip(own_idx, own)]
-        if up_cfg is not None and exp.inherits:  # bundled by the values a cell takes from its upstream cell too
-            up_cells, shape = up_cfg.store_cells(), [len(v) for v in up_cfg.store_grid.values()]
-            items = [(idx, exp.with_inherited(c, up_cells[int(np.ravel_multi_index(idx[:len(shape)], shape))]))
-                     for idx, c in items]
+        items = with_upstream_values(exp, [(u + i, c) for u in ups for i, c in zip(own_idx, own)], up_cfg)
         return [[idx for idx, _ in b] for b in make_bundles(exp, items, cfg.runner["bundle_size"], memory_budget=budget,
                                                            workers=cfg.runner["workers"], block=block)]
 

@@ -197,15 +197,18 @@ class Served:
         with self.client() as client:
             client.set_flow_run_state(run_id, state, force=True)
 
-    def table(self, run_id: str) -> dict:
-        """The stages' counts (the summary table artifact) of root flow run ``run_id``, by stage."""
+    def table(self, run_id: str, store) -> dict:
+        """The stages' counts of root flow run ``run_id`` into ``store``, by stage: its table artifact
+        keyed ``run_ui.key(store, "summary")`` (each stage's own summary table has a key of its own)."""
         import json
 
         from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
+        from flows import run_ui
+
         with self.client() as client:
             arts = client.read_artifacts(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id])))
-        table = next(a for a in arts if a.type == "table" and (a.description or "").startswith("kktlab: cells per stage"))
+        table = next(a for a in arts if a.type == "table" and a.key == run_ui.key(store, "summary"))
         return {r["stage"]: r for r in json.loads(table.data)}
 
     def history(self, run_id: str, t0: float) -> str:

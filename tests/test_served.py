@@ -305,7 +305,7 @@ def test_kktlab_cancel_stops_a_served_run_within_seconds_and_it_resumes(served, 
     assert "cells: 2/2 done" in again.stdout and "Traceback" not in again.stdout + again.stderr, again.stdout[-3000:]
     run2 = run_id(again.stdout)
     assert served.state(run2).name == "Completed"
-    rows = served.table(run2)[group]
+    rows = served.table(run2, store)[group]
     assert (rows["done_before"], rows["written"], rows["failed"]) == (1, 1, 0), rows
     after = stored(store, "max_iters")
     assert all(ok for ok, _, _ in after.values()), after
