@@ -250,15 +250,15 @@ def findings(g: str, exp: str, ds: xr.Dataset, eps: xr.Dataset | None = None) ->
 
 
 def store_figures(store, out) -> tuple[list[pathlib.Path], list[str]]:
-    """The chain's figures and its findings table (markdown lines); nothing when no stage reads an
-    ``unlearn`` stage."""
-    out = pathlib.Path(out)
+    """The chain's figures in ``out`` and its findings table (markdown lines); nothing when no stage
+    reads an ``unlearn`` stage. ``out`` None: the table alone (the served flow's UI artifact)."""
+    out = None if out is None else pathlib.Path(out)
     found, skipped = readers_of_unlearn(store)
     if not found and not skipped:
         return [], []
     paths, rows, what = [], [], []
     for g, exp, ds, unl in found:
-        p = figure(g, exp, ds, out)
+        p = figure(g, exp, ds, out) if out is not None else None
         if p is not None:
             paths.append(p)
         eps = regime(unl)

@@ -2,7 +2,7 @@
 
     PREFECT_API_URL=http://127.0.0.1:4200/api kktlab deploy --pool kktlab-pool
 
-Each deployment runs ``flows/served.py:submit`` from this checkout (``from_source`` on the
+Each deployment runs ``kktlab/served_flow.py:submit`` from this checkout (``from_source`` on the
 local folder, so workers must see the same filesystem); its parameters are the config path,
 the store and top-level overrides. ``kktlab submit CONFIG`` creates a flow run of the
 deployment named after the config's experiment. deploy/prefect.yaml holds the same for
@@ -20,7 +20,7 @@ import pathlib
 from core.errors import UserError
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-ENTRYPOINT = "flows/served.py:submit"
+ENTRYPOINT = "kktlab/served_flow.py:submit"
 HEADER = """\
 # Prefect deployments for a served kktlab (same as `kktlab deploy`); written by
 #   kktlab deploy --write-yaml deploy/prefect.yaml   (tests/test_config.py checks it is current)

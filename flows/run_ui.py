@@ -8,7 +8,7 @@ description) and a markdown artifact with the same line, both created once per r
 place (a keyed artifact's page shows the newest run's, kept current). When every stage has run:
 a table artifact of the stages' counts and a markdown artifact naming the store and
 ``kktlab report STORE --out DIR``; on a served run (:func:`results_tables`), per stage its summary
-table. Everything here is best effort: the store is
+table, and (kktlab/served_flow.py, through :func:`post`) its acceptance table and the chain's findings. Everything here is best effort: the store is
 the truth, and a server that does not answer never stops a sweep."""
 
 from __future__ import annotations
@@ -185,7 +185,7 @@ def results_tables(store, groups: list[str]) -> None:
     its summary (:func:`storage.query.summary_frame`: the statistics layer's means over seeds of the
     usable cells, ``n_used`` beside) as a table artifact ``<store>-<stage>-summary``. Called by the
     served flow only (flows/served.py): an embedded server's UI ends with its run. (The acceptance
-    and findings tables are analysis/'s, a room above flows/: ``kktlab report``.)"""
+    and findings tables are analysis/'s, a room above flows/: kktlab/served_flow.py posts them.)"""
     run_id, _ = root_run()
     if not run_id:
         return
@@ -202,5 +202,23 @@ def results_tables(store, groups: list[str]) -> None:
                                                       description=f"kktlab: {g} ({ds.attrs.get('kktlab_experiment')}), "
                                                       "means over seeds of the usable cells (kktlab show)",
                                                       flow_run_id=run_id))
+    except Exception:  # noqa: BLE001 - the UI is best effort
+        pass
+
+
+def post(store, artifacts: list[dict]) -> None:
+    """Post ``artifacts`` (dicts of ``suffix``, ``type`` ("table" or "markdown"), ``data``, ``description``)
+    on the root flow run, each keyed :func:`key` (``store``, suffix); nothing outside a flow run."""
+    run_id, _ = root_run()
+    if not run_id or not artifacts:
+        return
+    from prefect.client.schemas.actions import ArtifactCreate
+
+    try:
+        with _client() as client:
+            for a in artifacts:
+                data = json.dumps(a["data"]) if a["type"] == "table" else a["data"]
+                client.create_artifact(ArtifactCreate(key=key(store, a["suffix"]), type=a["type"], data=data,
+                                                      description=a["description"], flow_run_id=run_id))
     except Exception:  # noqa: BLE001 - the UI is best effort
         pass

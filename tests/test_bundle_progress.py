@@ -215,12 +215,13 @@ def test_a_long_bundle_shows_its_progress_while_it_runs_and_kktlab_cancel_stops_
 
 
 def test_a_served_run_whose_bundles_a_cancel_request_stopped_ends_cancelled(tmp_path, monkeypatch):
-    """flows/served.py: a cancel request that stops the bundles before the Prefect worker stops the
+    """flows/served.py (run by kktlab/served_flow.py): a cancel request that stops the bundles before the Prefect worker stops the
     flow process (or with no worker acting on Cancelling at all) ends the run Cancelled, not Failed;
     tests/test_served.py cancels a served run end to end."""
     import yaml
 
-    from flows import served, sweep
+    from flows import sweep
+    from kktlab import served_flow
 
     def stopped(*_, **__):
         raise rep_mod.BundleCancelled("run cancelled: group 'long' of s.zarr stopped (rerun to resume): the cells "
@@ -229,7 +230,7 @@ def test_a_served_run_whose_bundles_a_cancel_request_stopped_ends_cancelled(tmp_
     monkeypatch.setattr(sweep, "run", stopped)
     cfg = tmp_path / "long.yaml"
     cfg.write_text(yaml.safe_dump(LONG))
-    state = served.submit.fn(str(cfg), str(tmp_path / "long.zarr"))
+    state = served_flow.submit.fn(str(cfg), str(tmp_path / "long.zarr"))
     assert state.is_cancelled() and state.message.startswith("run cancelled: group 'long'"), state
 
 

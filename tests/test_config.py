@@ -157,7 +157,7 @@ def test_prefect_yaml_is_written_from_the_registry():
         "deploy/prefect.yaml is stale: kktlab deploy --write-yaml deploy/prefect.yaml"
     deployments = yaml.safe_load(text)["deployments"]
     assert sorted(d["name"] for d in deployments) == experiments.names()
-    assert {d["entrypoint"] for d in deployments} == {"flows/served.py:submit"}
+    assert {d["entrypoint"] for d in deployments} == {"kktlab/served_flow.py:submit"}
     assert all(d["description"] == experiments.get(d["name"]).description for d in deployments)
 
 

@@ -165,6 +165,16 @@ def test_report_draws_the_chain_figures_and_findings(ran, tmp_path):
     # the KKT attack on these nets (3000 steps at d = 10: far from a KKT point) is not judged
     (recon,) = [line for line in rows if line.startswith("| recon | recovered | ga | 1 |")]
     assert "no verdict: nets outside the KKT regime (median ε1_rel" in recon, recon
+    # the served flow's UI artifacts (kktlab/served_flow.py): the same findings table, each stage's acceptance
+    from kktlab.served_flow import report_artifacts
+
+    arts = {a["suffix"]: a for a in report_artifacts(ran / "chain.zarr", ["nets", "gone", *READERS])}
+    findings = arts["findings"]["data"].splitlines()
+    table = [ln for ln in findings if ln.startswith("| ")]
+    assert len(table) > 4 and all(ln in rows for ln in table)  # the rows index.md shows
+    assert sum(line.startswith("| recon | recovered | ga | 1 |") for line in findings) == 1
+    assert {"gone-acceptance", "recon-acceptance", "pgd-acceptance"} <= set(arts)
+    assert all(isinstance(r["result"], str) and r["spec"] for a in arts.values() if a["type"] == "table" for r in a["data"])
 
 
 TOTAL = {"nets": 2, "gone": 4, "recon": 4, "step": 4, "pgd": 8, "forge": 4}

@@ -169,13 +169,23 @@ def test_a_submitted_sweep_and_chain_complete_with_their_progress_on_the_server(
 
     from storage.query import summary_frame
 
-    tables = {a.key: a for a in artifacts if a.type == "table" and a.key.endswith("-summary")}
+    tables = {a.key: a for a in artifacts if a.type == "table"}
     for key, store_, group in (("kktlab-served-served-summary", tiny.store, "served"),
                                ("kktlab-chain-nets-summary", store2, "nets"),
                                ("kktlab-chain-robustness-summary", store2, "robustness")):
         rows = tables[key].data if isinstance(tables[key].data, list) else json_mod.loads(tables[key].data)
         want = json_mod.loads(summary_frame(open_results(store_, group)).reset_index().to_json(orient="records"))
         assert rows == want and str(tables[key].flow_run_id) in ids, (key, rows, want)
+    # and each stage's acceptance table, as kktlab report judges it (kktlab/served_flow.py)
+    from kktlab.served_flow import report_artifacts
+
+    for key, store_, group in (("kktlab-served-served-acceptance", tiny.store, "served"),
+                               ("kktlab-chain-robustness-acceptance", store2, "robustness")):
+        rows = tables[key].data if isinstance(tables[key].data, list) else json_mod.loads(tables[key].data) \
+            if key in tables else None
+        want = next(a["data"] for a in report_artifacts(store_, [group]) if a["suffix"] == f"{group}-acceptance")
+        assert rows == want and {r["result"] for r in rows} <= {"pass", "FAIL", "not judged", "not judged (no data)"}, \
+            (key, rows)
     names = {t.name for t in task_runs}
     assert "served d=16 seed=0 (1 cell)" in names and "nets d=16 seed=0 (1 cell)" in names, names
     assert "robustness d=16 seed=0 attack=margin_direction (1 cell)" in names, names

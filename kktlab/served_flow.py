@@ -1,0 +1,49 @@
+"""The flow a Prefect deployment runs (entrypoint ``kktlab/served_flow.py:submit``, deploy/prefect_deploy.py):
+flows/served.py's sweep, then what ``kktlab report`` would print, as artifacts of the run in the
+Prefect UI (issue 43): per stage its acceptance table (every paper claim it can judge), and for a
+chain that reads an ``unlearn`` stage the findings table (forgotten vs retained points). Beside each
+stage's summary table (flows/run_ui.py). Best effort, as all of the UI: the store is the truth."""
+
+from __future__ import annotations
+
+from prefect import flow
+
+from flows.served import FLOW_NAME, run_submitted
+
+
+@flow(name=FLOW_NAME, log_prints=True, validate_parameters=False)
+def submit(config_path: str, store: str | None = None, overrides: dict | None = None, force: bool = False,
+           verbose: bool = False, wait: bool = False):
+    """Run the sweep of ``config_path`` into ``store`` (flows/served.py :func:`run_submitted`: the same
+    parameters), then post the report's tables on this run."""
+    done = run_submitted(config_path, store, overrides, force, verbose, wait)
+    if not isinstance(done, tuple):  # Cancelled
+        return done
+    cfg, path, stats = done
+    from flows import run_ui
+
+    run_ui.post(path, report_artifacts(path, [stage.name for stage in cfg.stages]))
+    return stats
+
+
+def report_artifacts(store, groups: list[str]) -> list[dict]:
+    """The acceptance table of each group in ``groups`` that has acceptance rows (key
+    ``<store>-<group>-acceptance``) and the chain's findings (markdown, key ``<store>-findings``),
+    as :func:`flows.run_ui.post` takes them; what ``kktlab report`` prints, without its figures."""
+    from analysis import pipeline
+    from kktlab.report import acceptance_rows
+    from storage.query import stage_scalars
+
+    out = []
+    for g in groups:
+        rows = acceptance_rows(stage_scalars(store, g))
+        if rows:
+            out.append({"suffix": f"{g}-acceptance", "type": "table",
+                        "data": [{"spec": r.spec_id, "criterion": r.criterion, "measured": r.measured or "-",
+                                  "threshold": r.threshold, "result": r.verdict, "note": r.note} for r in rows],
+                        "description": f"kktlab: {g}, the paper claims its data can judge (kktlab report)"})
+    _, lines = pipeline.store_figures(store, None)
+    if lines:
+        out.append({"suffix": "findings", "type": "markdown", "data": "\n".join(lines),
+                    "description": "kktlab: the chain's findings, forgotten vs retained points (kktlab report)"})
+    return out
