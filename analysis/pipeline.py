@@ -64,15 +64,14 @@ def _identity(ds: xr.Dataset) -> dict:
 def readers_of_unlearn(store) -> tuple[list[tuple[str, str, xr.Dataset, xr.Dataset]], list[str]]:
     """(group, experiment, dataset, its unlearn group) of every group reading an ``unlearn`` group's nets,
     ``method`` and ``alpha`` always among its dims; and the readers not drawn, each with why."""
-    out, skipped = [], []
-    names = groups(store)
-    kinds = {g: open_results(store, g).attrs.get("kktlab_experiment") for g in names}
-    for g in names:
-        up = _identity(open_results(store, g)).get("from")
+    out, skipped, unlearned = [], [], {}  # each unlearn group read once, however many stages read it
+    opened = {g: open_results(store, g) for g in groups(store)}
+    kinds = {g: ds.attrs.get("kktlab_experiment") for g, ds in opened.items()}
+    for g, ds in opened.items():
+        up = _identity(ds).get("from")
         if not up or kinds.get(up) != "unlearn":
             continue
         pairs = PAIRS.get(kinds[g])
-        ds = open_results(store, g)
         if pairs is None:
             skipped.append(f"{g} ({kinds[g]}): not drawn: the experiment reports no forgotten / retained numbers")
             continue
@@ -81,7 +80,7 @@ def readers_of_unlearn(store) -> tuple[list[tuple[str, str, xr.Dataset, xr.Datas
             skipped.append(f"{g} ({kinds[g]}): not drawn: made before its variables {', '.join(missing)} existed "
                            "(rerun the stage)")
             continue
-        unl = stage_scalars(store, up)
+        unl = unlearned[up] = unlearned.get(up) or stage_scalars(store, up)
         out.append((g, kinds[g], _with_method_alpha(stage_scalars(store, g), unl), _with_method_alpha(unl, unl)))
     return out, skipped
 
