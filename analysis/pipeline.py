@@ -61,10 +61,13 @@ def _identity(ds: xr.Dataset) -> dict:
     return json.loads(ds.attrs.get("kktlab_identity") or "{}")
 
 
-def readers_of_unlearn(store) -> tuple[list[tuple[str, str, xr.Dataset, xr.Dataset]], list[str]]:
+def readers_of_unlearn(store, scalars: dict | None = None) -> tuple[list[tuple[str, str, xr.Dataset, xr.Dataset]],
+                                                                      list[str]]:
     """(group, experiment, dataset, its unlearn group) of every group reading an ``unlearn`` group's nets,
-    ``method`` and ``alpha`` always among its dims; and the readers not drawn, each with why."""
-    out, skipped, unlearned = [], [], {}  # each unlearn group read once, however many stages read it
+    ``method`` and ``alpha`` always among its dims; and the readers not drawn, each with why. ``scalars``:
+    groups' :func:`storage.query.stage_scalars` a caller read already (``kktlab report``), by name."""
+    unlearned = dict(scalars or {})  # each group read once, however many stages read it
+    out, skipped = [], []
     opened = {g: open_results(store, g) for g in groups(store)}
     kinds = {g: ds.attrs.get("kktlab_experiment") for g, ds in opened.items()}
     for g, ds in opened.items():
@@ -81,7 +84,8 @@ def readers_of_unlearn(store) -> tuple[list[tuple[str, str, xr.Dataset, xr.Datas
                            "(rerun the stage)")
             continue
         unl = unlearned[up] = unlearned.get(up) or stage_scalars(store, up)
-        out.append((g, kinds[g], _with_method_alpha(stage_scalars(store, g), unl), _with_method_alpha(unl, unl)))
+        mine = unlearned.get(g) or stage_scalars(store, g)
+        out.append((g, kinds[g], _with_method_alpha(mine, unl), _with_method_alpha(unl, unl)))
     return out, skipped
 
 
@@ -259,11 +263,12 @@ def findings(g: str, exp: str, ds: xr.Dataset, eps: xr.Dataset | None = None) ->
     return rows
 
 
-def store_figures(store, out) -> tuple[list[pathlib.Path], list[str]]:
+def store_figures(store, out, scalars: dict | None = None) -> tuple[list[pathlib.Path], list[str]]:
     """The chain's figures in ``out`` and its findings table (markdown lines); nothing when no stage
-    reads an ``unlearn`` stage. ``out`` None: the table alone (the served flow's UI artifact)."""
+    reads an ``unlearn`` stage. ``out`` None: the table alone (the served flow's UI artifact);
+    ``scalars``: as :func:`readers_of_unlearn` takes them."""
     out = None if out is None else pathlib.Path(out)
-    found, skipped = readers_of_unlearn(store)
+    found, skipped = readers_of_unlearn(store, scalars)
     if not found and not skipped:
         return [], []
     paths, rows, what = [], [], []

@@ -71,8 +71,9 @@ def _store(store, out: pathlib.Path, fig_dir: pathlib.Path, echo) -> tuple[list[
     lines = [f"# kktlab report for `{store}`", ""]
     done = {r["group"]: r for r in status(store)}
     common.take_records()
+    scalars = {}  # each group read once: its section, then the chain's findings
     for g in chain_order(store):  # upstream first, as the chain runs
-        ds = stage_scalars(store, g)
+        ds = scalars[g] = stage_scalars(store, g)
         exp = ds.attrs.get("kktlab_experiment", "?")
         prov = provenance(ds)
         bad = int(ds["damaged"].sum()) if "damaged" in ds else 0  # left out of every figure and row
@@ -110,7 +111,7 @@ def _store(store, out: pathlib.Path, fig_dir: pathlib.Path, echo) -> tuple[list[
         lines.append("")
     from analysis import pipeline
 
-    figs, chain_lines = pipeline.store_figures(store, fig_dir)  # the cross-paper chain (issue 27)
+    figs, chain_lines = pipeline.store_figures(store, fig_dir, scalars)  # the cross-paper chain (issue 27)
     if chain_lines:
         sec = Section(str(store), "the chain: forgotten vs retained points",
                       notes=[ln for ln in chain_lines if not ln.startswith(("#", "!["))])

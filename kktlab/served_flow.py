@@ -34,15 +34,15 @@ def report_artifacts(store, groups: list[str]) -> list[dict]:
     from kktlab.report import acceptance_rows
     from storage.query import stage_scalars
 
-    out = []
+    out, scalars = [], {}
     for g in groups:
-        rows = acceptance_rows(stage_scalars(store, g))
+        rows = acceptance_rows(scalars.setdefault(g, stage_scalars(store, g)))
         if rows:
             out.append({"suffix": f"{g}-acceptance", "type": "table",
                         "data": [{"spec": r.spec_id, "criterion": r.criterion, "measured": r.measured or "-",
                                   "threshold": r.threshold, "result": r.verdict, "note": r.note} for r in rows],
                         "description": f"kktlab: {g}, the paper claims its data can judge (kktlab report)"})
-    _, lines = pipeline.store_figures(store, None)
+    _, lines = pipeline.store_figures(store, None, scalars)
     if lines:
         out.append({"suffix": "findings", "type": "markdown", "data": "\n".join(lines),
                     "description": "kktlab: the chain's findings, forgotten vs retained points (kktlab report)"})
