@@ -32,7 +32,6 @@ import itertools
 import json
 import math
 import pathlib
-import weakref
 
 import xarray as xr
 
@@ -99,21 +98,11 @@ def _with_method_alpha(ds: xr.Dataset, unlearn: xr.Dataset) -> xr.Dataset:
     return ds
 
 
-_SUMMARIES: dict = {}  # (id(ds), var) -> (a weak reference to ds, its summary): figure, findings and caption share one
-
-
 def summary(ds: xr.Dataset, var: str) -> xr.Dataset:
     """:func:`storage.stats.aggregate` of ``var`` over the nets (seeds) per (method, alpha) and per setting
     (every other axis kept: never pooled); usable cells only (done, not failed, not damaged, an ok
-    status), finite values, the rest counted. Computed once per dataset object and variable (the
-    entry goes with the dataset)."""
-    k = (id(ds), var)
-    hit = _SUMMARIES.get(k)
-    if hit is not None and hit[0]() is ds:
-        return hit[1]
-    out = aggregate(ds[var], (NETS,), usable=usable(ds), done=ds["done"]).compute()
-    _SUMMARIES[k] = (weakref.ref(ds, lambda _, k=k: _SUMMARIES.pop(k, None)), out)
-    return out
+    status), finite values, the rest counted."""
+    return aggregate(ds[var], (NETS,), usable=usable(ds), done=ds["done"]).compute()
 
 
 def settings(agg: xr.Dataset) -> list[dict]:
