@@ -115,8 +115,14 @@ class Reporter:
     def within(self, base: int, steps: int, total: int | None = None):
         """The callable for one ``train(max_steps=steps)`` call that starts at step ``base`` of
         ``total``: ``(done, of)`` inside the call -> ``steps=base + done/of * steps`` (with its total,
-        so that no record says a step without the total it counts towards)."""
-        return lambda done, of: self(steps=base + (done * steps) // max(of, 1), total=total)
+        so that no record says a step without the total it counts towards); the call's ``loss``
+        (a callable giving the natural log loss, ``tasks.train.train``'s) is read only when the
+        record will be written, so that no written step goes without its loss."""
+        def progress(done, of, loss=None):
+            log10 = loss() / math.log(10) if loss is not None and self.due() else None
+            self(steps=base + (done * steps) // max(of, 1), total=total, loss=log10)
+
+        return progress
 
     def check_cancel(self) -> None:
         now = self.clock()

@@ -6,6 +6,7 @@ API) and then cancelled with ``kktlab cancel`` (resumable)."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -115,10 +116,26 @@ def test_train_calls_progress_at_sync_points_up_to_the_calls_steps(chunk):
                         torch.zeros(2, 6, dtype=torch.float64), torch.randn(2, 6, generator=g, dtype=torch.float64))
     sched = train.Schedule(lr0=1e-3, target_loss=1e-300, max_iters=10_000, sync_every=10)
     seen = []
-    train.train(net, X, y, sched, max_steps=50, chunk=chunk, progress=lambda done, of: seen.append((done, of)))
+    st = train.train(net, X, y, sched, max_steps=50, chunk=chunk,
+                     progress=lambda done, of, loss: seen.append((done, of, loss())))
     of = 50 if chunk is None else 100
-    assert seen[-1] == (of, of) and all(o == of for _, o in seen)
-    assert [d for d, _ in seen] == sorted(d for d, _ in seen) and len(seen) == of // 10
+    assert seen[-1][:2] == (of, of) and all(o == of for _, o, _ in seen)
+    assert [d for d, _, _ in seen] == sorted(d for d, _, _ in seen) and len(seen) == of // 10
+    last = seen[-1][2] if chunk is None else max(seen[4][2], seen[-1][2])  # net-by-net: each part's own worst
+    assert last == pytest.approx(float(st.log_loss.max()), rel=1e-12)
+
+
+def test_a_written_step_carries_its_loss(tmp_path):
+    """``within``'s record: a step is never written without the loss of the same moment (the first
+    record of a long bundle on a slow machine was step 900, loss None: CI of stop 55)."""
+    now = [0.0]
+    rep = rep_mod.Reporter(str(tmp_path / "s.zarr"), "g", "k", "b", 2, every_s=1.0, clock=lambda: now[0])
+    cb = rep.within(0, 100, 1000)
+    cb(10, 100, loss=lambda: -2 * math.log(10))  # not due: the loss is not read
+    now[0] = 5.0
+    cb(20, 100, loss=lambda: -3 * math.log(10))
+    rec = files.read(str(tmp_path / "s.zarr"), "g")[0]
+    assert (rec["steps"], rec["total"]) == (20, 1000) and rec["loss"] == pytest.approx(-3.0)
 
 
 def test_the_progress_line_carries_the_bundles_own_progress_and_parses_back():

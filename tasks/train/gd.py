@@ -309,8 +309,9 @@ def train(net: TwoLayer, X: torch.Tensor, y: torch.Tensor, schedule: Schedule, *
     compiled blocks of :func:`block_size` steps (``steps_per_call``, :func:`compiled_steps`); a
     call's last few steps that do not fill a block run eagerly.
 
-    ``progress`` (optional): called as ``progress(done, of)`` at each sync point (where the host
-    looks anyway), the call's steps done of all it may take; the caller decides what to do with it.
+    ``progress`` (optional): called as ``progress(done, of, loss=...)`` at each sync point (where the
+    host looks anyway), the call's steps done of all it may take; ``loss()`` gives the worst running
+    net's natural log loss (a host sync: call it only when it will be shown).
     """
     E, m, _ = X.shape
     if chunk is None:
@@ -320,7 +321,8 @@ def train(net: TwoLayer, X: torch.Tensor, y: torch.Tensor, schedule: Schedule, *
         parts, n_parts = [], -(-E // chunk)
         for lo in range(0, E, chunk):
             sl = slice(lo, min(E, lo + chunk))
-            part = None if progress is None else (lambda s, n, i=lo // chunk: progress(i * n + s, n_parts * n))
+            part = None if progress is None else (
+                lambda s, n, loss=None, i=lo // chunk: progress(i * n + s, n_parts * n, loss=loss))
             sub = None if state is None else TrainState(
                 net=state.net.select(sl), **{f: getattr(state, f)[sl] for f in STATE_FIELDS})
             parts.append(train(net.select(sl), X[sl], y[sl], schedule, mask=None if mask is None else mask[sl],
@@ -378,9 +380,15 @@ def train(net: TwoLayer, X: torch.Tensor, y: torch.Tensor, schedule: Schedule, *
             if not bool(st.running.any()):
                 break
             if progress is not None:
-                progress(steps, max_steps)
+                progress(steps, max_steps, loss=lambda: _worst_log_loss(st))
     st.net.W = st.net.W.contiguous()
     return st
+
+
+def _worst_log_loss(st: "TrainState") -> float:
+    """The largest log loss among the running nets (among all, when none runs)."""
+    run = st.running
+    return float(st.log_loss[run].max() if bool(run.any()) else st.log_loss.max())
 
 
 def as_columns(W: torch.Tensor) -> torch.Tensor:
