@@ -385,10 +385,8 @@ def train(net: TwoLayer, X: torch.Tensor, y: torch.Tensor, schedule: Schedule, *
     return st
 
 
-def _worst_log_loss(st: "TrainState") -> float:
-    """The largest log loss among the running nets (among all, when none runs)."""
-    run = st.running
-    return float(st.log_loss[run].max() if bool(run.any()) else st.log_loss.max())
+def _worst_log_loss(st: TrainState) -> float:  # the largest log loss of the running nets (of all, when none runs)
+    return float(st.log_loss[st.running].max() if bool(st.running.any()) else st.log_loss.max())
 
 
 def as_columns(W: torch.Tensor) -> torch.Tensor:
