@@ -335,7 +335,17 @@ def checkpointing_note() -> str:
 
 # --- the mkdocs hook ---------------------------------------------------------------------------------
 
-PAGES = {"reference/cli.md": cli_page, "reference/config.md": config_page}
+def benchmarks_page() -> str:
+    """reference/benchmarks.md: docs/gen_benchmarks.py's page (its own module: a hook loads this file by path)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gen_benchmarks", pathlib.Path(__file__).with_name("gen_benchmarks.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.page()
+
+
+PAGES = {"reference/cli.md": cli_page, "reference/config.md": config_page, "reference/benchmarks.md": benchmarks_page}
 
 
 def on_files(files, config):

@@ -21,20 +21,32 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 TEMPLATE = ROOT / "docs" / "tutorial.template.md"
 OUT = ROOT / "docs" / "tutorial.md"
 BLOCK = re.compile(r"```python\n(.*?)```\n", re.S)
+SHOWN = re.compile(r"(```python\n.*?```\n)```text\n.*?```\n", re.S)  # a python block and the output shown below it
 
 
-def run_blocks(text: str, cwd: pathlib.Path) -> str:
-    """``text`` with each python block followed by a ``text`` block of what it printed (run in ``cwd``)."""
+def printed_by_blocks(text: str, cwd: pathlib.Path, name: str = "<page>") -> list[str]:
+    """What each python block of ``text`` prints, run in order in one namespace in ``cwd``."""
     namespace: dict = {}
-    out, last = [], 0
+    outs = []
     with contextlib.chdir(cwd):
         for m in BLOCK.finditer(text):
             printed = io.StringIO()
             with contextlib.redirect_stdout(printed):
-                exec(compile(m.group(1), "<tutorial>", "exec"), namespace)  # noqa: S102 - the page's own code
-            out += [text[last:m.end()], "```text\n" + printed.getvalue().rstrip() + "\n```\n"]
-            last = m.end()
-    return "".join(out) + text[last:]
+                exec(compile(m.group(1), name, "exec"), namespace)  # noqa: S102 - the page's own code
+            outs.append(printed.getvalue().rstrip())
+    return outs
+
+
+def with_outputs(text: str, outs: list[str]) -> str:
+    """``text`` with each python block followed by a ``text`` block of its output (``outs``, in order;
+    an empty one shows nothing); output blocks already there are replaced."""
+    text, it = SHOWN.sub(r"\1", text), iter(outs)
+    return BLOCK.sub(lambda m: m.group(0) + (f"```text\n{o}\n```\n" if (o := next(it)) else ""), text)
+
+
+def run_blocks(text: str, cwd: pathlib.Path) -> str:
+    """``text`` with each python block followed by a ``text`` block of what it printed (run in ``cwd``)."""
+    return with_outputs(text, printed_by_blocks(text, cwd, "<tutorial>"))
 
 
 def chain_table(store: pathlib.Path) -> str:

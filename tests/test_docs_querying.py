@@ -8,6 +8,7 @@ point classified), which the usable-cell mask and the margins block need."""
 
 from __future__ import annotations
 
+import math
 import pathlib
 import re
 import shlex
@@ -17,7 +18,7 @@ import yaml
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "querying.md"
-BLOCK = re.compile(r"```(python|bash)\n(.*?)```", re.S)
+BLOCK = re.compile(r"```(python|bash)\n(.*?)```\n", re.S)
 
 
 @pytest.fixture(scope="module")
@@ -32,17 +33,52 @@ def folder(prefect_server, cli, tmp_path_factory):
     return root
 
 
+NUMBER = re.compile(r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?|\b(?:nan|NaN|inf)\b")
+UPDATE = "KKTLAB_UPDATE_DOCS"  # set: the test writes what the blocks printed into docs/querying.md
+
+
+def same_output(shown: str, printed: str, rtol: float = 1e-3) -> bool:
+    """Whether ``printed`` is what the page shows: the same words (runs of blanks as one, so a table
+    whose column widths change still matches) and the same numbers to ``rtol`` (another CPU's MKL
+    path may change a trained net's last bits; 0.1 % is far above that, far below a wrong number)."""
+    words = [re.sub(r"\s+", " ", NUMBER.sub("#", t)).strip() for t in (shown, printed)]
+    nums = [[float(x) for x in NUMBER.findall(t)] for t in (shown, printed)]
+    return words[0] == words[1] and len(nums[0]) == len(nums[1]) and all(
+        (a != a and b != b) or math.isclose(a, b, rel_tol=rtol, abs_tol=1e-9) for a, b in zip(*nums))
+
+
+def test_same_output_tells_a_changed_word_or_number_from_a_reflowed_table():
+    shown = "   c_star  c_star_n\n0  0.1234       3\n1  1.5e-03       3"
+    assert same_output(shown, "   c_star    c_star_n\n0  0.12341  3\n1  1.5e-03  3")
+    assert not same_output(shown, shown.replace("0.1234", "0.1254"))
+    assert not same_output(shown, shown.replace("c_star_n", "c_star_lo"))
+    assert not same_output(shown, shown + "\n2  0.3  3")
+
+
 @pytest.mark.requires_services
-def test_every_block_of_the_querying_doc_runs(folder, monkeypatch, cli):
-    blocks = BLOCK.findall(DOC.read_text())
+def test_every_block_of_the_querying_doc_runs_and_prints_what_the_page_shows(folder, monkeypatch, cli):
+    """Every block runs; each python block that prints is followed on the page by a ``text`` block
+    of what it prints (issue 45), compared by :func:`same_output`. ``KKTLAB_UPDATE_DOCS=1`` rewrites
+    the page's output blocks from this run (docs/gen_tutorial.py's helpers, as the tutorial's)."""
+    import os
+    import sys
+
+    sys.path.insert(0, str(ROOT / "docs"))
+    import gen_tutorial
+
+    text = DOC.read_text()
+    blocks = BLOCK.findall(text)
     assert sum(kind == "python" for kind, _ in blocks) >= 6
+    printed = gen_tutorial.printed_by_blocks(text, folder, "docs/querying.md")
+    if os.environ.get(UPDATE):
+        DOC.write_text(gen_tutorial.with_outputs(text, printed))
+    shown = dict(re.findall(r"```python\n(.*?)```\n```text\n(.*?)\n```\n", text, re.S))
+    for code, out in zip(gen_tutorial.BLOCK.findall(text), printed):
+        assert bool(out) == (code in shown), ("a block's output shown / printed", code[:200])
+        assert not out or same_output(shown[code], out), (f"set {UPDATE}=1 to rewrite the page", code[:200], out)
     monkeypatch.chdir(folder)
-    namespace: dict = {}
-    for i, (kind, code) in enumerate(blocks):
-        if kind == "python":
-            exec(compile(code, f"docs/querying.md block {i}", "exec"), namespace)  # noqa: S102 - our own doc
-            continue
-        for line in (ln.strip() for ln in code.splitlines()):
+    for kind, code in blocks:
+        for line in (ln.strip() for ln in code.splitlines()) if kind == "bash" else ():
             if not line.startswith("kktlab ") or line.startswith("kktlab run "):  # the store is made above
                 continue
             res = cli.run(*shlex.split(line)[1:], cwd=folder)  # in this process, as in a shell in the folder

@@ -110,3 +110,20 @@ def test_the_tutorial_is_its_template_run(gen):
     assert len(re.findall(r"```python\n.*?```\n```text\n", page, re.S)) == len(code.findall(page))
     assert "<!-- chain table -->" not in page and "| stage | quantity | method | α |" in page
     assert "{" not in page.split("### The chain", 1)[1].split("|", 1)[0]  # its text formatted, thresholds shown
+
+
+def test_the_benchmark_page_has_every_results_file_and_reads_its_numbers(gen, tmp_path):
+    """reference/benchmarks.md (issue 45: performance tables generated from benchmarks/results/*.json):
+    a section per file, and a number changed in a file is the number the page shows."""
+    import json
+
+    page = gen.benchmarks_page()
+    for f in (ROOT / "benchmarks" / "results").glob("*.json"):
+        assert f"## `{f.name}`\n" in page, f.name
+    spec = importlib.util.spec_from_file_location("gen_benchmarks", ROOT / "docs" / "gen_benchmarks.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    (tmp_path / "x.json").write_text(json.dumps({"benchmark": "x", "device": {"device": "cpu", "cpu": "Some CPU"},
+                                                 "ratio": 1.23456, "rows": [{"E": 4, "s": 0.5}, {"E": 8, "s": 0.25}]}))
+    made = module.page(tmp_path)
+    assert "| ratio | 1.235 |" in made and "| 8 | 0.25 |" in made and "measured on cpu / Some CPU" in made

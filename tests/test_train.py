@@ -216,6 +216,24 @@ COMPILED_CASES = [
 ]
 
 
+def _compiled_case(sizes, d_pad, m_pad, sched_kw):
+    """A case of :data:`COMPILED_CASES`: the padded stack (net 3 dead from the start), its schedule
+    and the eager run of 122 steps the compiled forms are compared with."""
+    net, X, y, mask = padded_stack(sizes, d_pad=d_pad, m_pad=m_pad, k_pad=12)
+    net.b[3] = -1e3
+    sched = train.Schedule(**{**dict(lr0=1e-2, period=10, target_loss=1e-8, max_iters=400, sync_every=20), **sched_kw})
+    return (net, X, y, mask, sched), train.train(net, X, y, sched, mask=mask, max_steps=122)
+
+
+def _assert_same_training(got, eager, fields) -> None:
+    """Every net's parameters to 1e-12 relative (of the block's largest entry), ``fields`` equal."""
+    for p in ("W", "b", "v"):
+        ref = getattr(eager.net, p)
+        assert float((getattr(got.net, p) - ref).abs().max()) <= 1e-12 * float(ref.abs().max()), p
+    for f in fields:
+        assert torch.equal(getattr(got, f), getattr(eager, f)), f
+
+
 def _compiled_forms_eagerly(monkeypatch):
     """Run ``train(..., compile=True)``'s code path without compiling: the block structure of the
     compiled calls, and inside them the forms only a compiled step takes (``is_compiling()`` True:
@@ -239,18 +257,11 @@ def test_the_compiled_steps_forms_equal_the_eager_step_without_compiling(monkeyp
     runs (:func:`_compiled_forms_eagerly`) give every net the eager step's parameters to 1e-12
     relative, the same iterations and statuses (the cases of the compiled test below, whose inductor
     graphs cost tens of CPU s each on a cold cache)."""
-    net, X, y, mask = padded_stack(sizes, d_pad=d_pad, m_pad=m_pad, k_pad=12)
-    net.b[3] = -1e3
-    sched = train.Schedule(**{**dict(lr0=1e-2, period=10, target_loss=1e-8, max_iters=400, sync_every=20), **sched_kw})
-    eager = train.train(net, X, y, sched, mask=mask, max_steps=122)
+    (net, X, y, mask, sched), eager = _compiled_case(sizes, d_pad, m_pad, sched_kw)
     _compiled_forms_eagerly(monkeypatch)
     forms = train.train(net, X, y, sched, mask=mask, max_steps=122, compile=True)
     assert forms.status.tolist()[3] == train.DEAD
-    for p in ("W", "b", "v"):
-        ref = getattr(eager.net, p)
-        assert float((getattr(forms.net, p) - ref).abs().max()) <= 1e-12 * float(ref.abs().max()), p
-    for f in ("iters", "status", "separated"):
-        assert torch.equal(getattr(forms, f), getattr(eager, f)), f
+    _assert_same_training(forms, eager, ("iters", "status", "separated"))
 
 
 @pytest.mark.slow
@@ -266,21 +277,14 @@ def test_compiled_step_equals_eager_step_issue19(sizes, d_pad, m_pad, sched_kw):
     converge inside blocks (iterations 51-71) on the fast LR period of separated nets (E14). With
     the eager stack equal to one-by-one runs (tests above), batched = one-by-one to 1e-10 holds for
     the compiled step too."""
-    net, X, y, mask = padded_stack(sizes, d_pad=d_pad, m_pad=m_pad, k_pad=12)
     assert train.gd.use_gram(m_pad, d_pad) == (m_pad <= d_pad)
-    net.b[3] = -1e3
-    sched = train.Schedule(**{**dict(lr0=1e-2, period=10, target_loss=1e-8, max_iters=400, sync_every=20), **sched_kw})
-    eager = train.train(net, X, y, sched, mask=mask, max_steps=122)
+    (net, X, y, mask, sched), eager = _compiled_case(sizes, d_pad, m_pad, sched_kw)
     comp = train.train(net, X, y, sched, mask=mask, max_steps=122, compile=True)
     if sched_kw:
         assert comp.status.tolist()[:3] == [train.CONVERGED] * 3 and comp.separated[:3].all()
     assert comp.status.tolist()[3] == train.DEAD and int(comp.iters[3]) == 0
     assert comp.net.W.is_contiguous()
-    for p in ("W", "b", "v"):
-        ref = getattr(eager.net, p)
-        assert float((getattr(comp.net, p) - ref).abs().max()) <= 1e-12 * float(ref.abs().max()), p
-    for f in ("iters", "status", "plateau_pos", "separated"):
-        assert torch.equal(getattr(comp, f), getattr(eager, f)), f
+    _assert_same_training(comp, eager, ("iters", "status", "plateau_pos", "separated"))
     torch.testing.assert_close(comp.log_loss, eager.log_loss, rtol=1e-12, atol=0)
 
 
