@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections import defaultdict
 
 from core.declare import Experiment
+from storage.schema import NO_HASH
 
 
 def make_bundles(exp: Experiment, cells: list[tuple[tuple, dict]], bundle_size: int,
@@ -165,3 +167,24 @@ def with_upstream_values(exp: Experiment, items: list[tuple[tuple, dict]], up_cf
     ups, shape = up_cfg.store_cells(), [len(v) for v in up_cfg.store_grid.values()]
     return [(idx, exp.with_inherited(cell, ups[int(np.ravel_multi_index(tuple(idx[:len(shape)]), shape))]))
             for idx, cell in items]
+
+
+def same_input(exp, cells: list[dict], ok: list[int], nets) -> dict[int, int]:
+    """For each usable cell ``i`` of a reading bundle, the first cell computed from the same input: the
+    same upstream content (``cell_hash``; the net before it too, where read) and the same own parameters.
+    A reading cell's numbers are a function of those alone (its random streams come from its own
+    seeds; tests/test_bundle_invariance_readers.py), so an unlearn stage's references (``identity``,
+    ``retrain``: the same net at every α, issue 39) are attacked once per bundle and their cells share
+    the result. Cells without a recorded hash are each their own."""
+    before = nets.before.hashes if nets.before is not None and nets.before.hashes else None
+    first: dict[int, int] = {}
+    seen: dict[tuple, int] = {}
+    for i in ok:
+        h = nets.hashes[i] if nets.hashes else NO_HASH
+        if h == NO_HASH or (before is not None and before[i] == NO_HASH):
+            first[i] = i
+            continue
+        own = json.dumps({k: cells[i].get(k) for k in sorted(exp.params)}, sort_keys=True, default=str)
+        first[i] = seen.setdefault((int(h), None if before is None else int(before[i]), own), i)
+    return first
+

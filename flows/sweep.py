@@ -26,6 +26,7 @@ from prefect.cache_policies import NO_CACHE
 
 from core.errors import UserError
 from deploy import dask as dask_specs
+from flows import bundles
 from flows import config as config_mod
 from flows import experiments
 from flows import result_cache
@@ -125,7 +126,11 @@ def compute_reading(exp, cells: list[dict], device: str, inputs: dict) -> list[d
     out: list[dict] = [{FAILED: p} for p in nets.problems]
     cells = [exp.with_inherited(c, upc) for c, upc in zip(cells, nets.cells)]  # e.g. unlearn retrains with its upstream's lr
     if ok:
-        for i, res in zip(ok, compute_cells(exp, [cells[i] for i in ok], device, None, nets.select(ok))):
+        first = bundles.same_input(exp, cells, ok, nets)
+        uniq = sorted(set(first.values()))
+        got = dict(zip(uniq, compute_cells(exp, [cells[i] for i in uniq], device, None, nets.select(uniq))))
+        for i in ok:
+            res = got[first[i]]
             out[i] = res if FAILED in res else dict(res, **{UPSTREAM_HASH: nets.hashes[i]})
     return out
 

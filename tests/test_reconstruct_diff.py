@@ -13,6 +13,8 @@ config time; in a store, the reader gets the net before from the unlearn stage's
 
 from __future__ import annotations
 
+import dataclasses
+
 import functools
 import math
 
@@ -182,11 +184,11 @@ def test_a_cell_is_the_same_alone_and_bundled():
 
 # --- the wiring: config-time refusal, and the net before read from the store -----------------------
 
-def chain(source: str = "unlearned") -> dict:
+def chain(source: str = "unlearned", alphas=None) -> dict:
+    grid = {"method": ["identity", "ga"], **({"alpha": alphas} if alphas else {})}
     return {"name": "diff", "stages": [
         {"name": "nets", "experiment": "train_kkt", "grid": {"seed": [0]}, "params": dict(TRAIN)},
-        {"name": "unlearned", "experiment": "unlearn", "from": "nets", "grid": {"method": ["identity", "ga"]},
-         "params": {"forget": 2}},
+        {"name": "unlearned", "experiment": "unlearn", "from": "nets", "grid": grid, "params": {"forget": 2}},
         {"name": "diff", "experiment": "reconstruct_diff", "from": source, "grid": {"rho": [0.3]}},
     ]}
 
@@ -202,13 +204,17 @@ def test_a_diff_stage_reading_a_first_stage_is_refused_naming_from():
 def test_in_a_store_the_reader_gets_the_net_before_from_the_unlearn_stages_upstream(tmp_path):
     """The stages run in process (no Prefect): train_kkt and unlearn written to a store, then the diff
     stage's worker function reads each unlearned net and, through the unlearn group's ``from``, the
-    trained net it was made from."""
+    trained net it was made from. The unlearn stage crosses its methods with two α: the reference
+    (identity: the same net at both α) is read once and its result given to both cells (issue 39:
+    references computed once), the GA nets once each."""
     from flows.sweep import FAILED, compute_reading, open_store, plan, write_bundle
     from flows.result_cache import HASH
 
     path = str(tmp_path / "s.zarr")
-    out = {}
-    for cfg in config.parse(chain()).stages:
+    out, computed = {}, []
+    for cfg in config.parse(chain(alphas=[0.5, 1.0])).stages:
+        exp = cfg.exp if cfg.name != "diff" else dataclasses.replace(  # counting the cells its kernel computes
+            cfg.exp, run_bundle=lambda cells, *a, real=cfg.exp.run_bundle, **kw: computed.extend(cells) or real(cells, *a, **kw))
         st = open_store(cfg, path, "cpu")
         todo, _ = plan(cfg, st, False)
         bundles: dict = {}
@@ -220,13 +226,32 @@ def test_in_a_store_the_reader_gets_the_net_before_from_the_unlearn_stages_upstr
                 res = cfg.exp.run_bundle(cells, "cpu")
             else:
                 k = len(cfg.upstream_grid)
-                res = compute_reading(cfg.exp, cells, "cpu", {"store": path, "group": cfg.source,
+                res = compute_reading(exp, cells, "cpu", {"store": path, "group": cfg.source,
                                                              "indices": [i[:k] for i in idx]})
             assert not [r[FAILED] for r in res if FAILED in r]
             receipts = write_bundle({"store": path, "group": cfg.name, "indices": idx}, res)
             st.mark_many(idx, [r[HASH] for r in receipts])
             out.setdefault(cfg.name, {}).update(zip(map(tuple, idx), res))
-    by = out["diff"]  # dims (seed, method, rho)
-    assert sorted(by) == [(0, 0, 0), (0, 1, 0)]
-    assert by[(0, 0, 0)]["status"] == cell.UNCHANGED  # identity
-    assert by[(0, 1, 0)]["status"] == cell.DONE and by[(0, 1, 0)]["cos_forgotten"] > 0.99  # ga
+    by = out["diff"]  # dims (seed, method, alpha, rho)
+    assert sorted(by) == [(0, m, a, 0) for m in (0, 1) for a in (0, 1)]
+    assert len(computed) == 3  # identity once for both α, ga at each α
+    assert by[(0, 0, 0, 0)]["status"] == by[(0, 0, 1, 0)]["status"] == cell.UNCHANGED  # identity
+    assert by[(0, 0, 0, 0)]["upstream_hash"] == by[(0, 0, 1, 0)]["upstream_hash"]
+    for a in (0, 1):
+        assert by[(0, 1, a, 0)]["status"] == cell.DONE and by[(0, 1, a, 0)]["cos_forgotten"] > 0.99  # ga
+
+
+def test_cells_share_a_result_only_with_the_same_upstream_content_and_own_parameters():
+    """flows.bundles.same_input: one upstream hash and the same own parameters share the first cell's
+    result; another hash, another own value, a different net before, or no recorded hash do not."""
+    import types
+
+    from flows import bundles, experiments
+
+    exp = experiments.get("reconstruct_diff")
+    cells = [{"rho": 0.3}, {"rho": 0.3}, {"rho": 0.5}, {"rho": 0.3}, {"rho": 0.3}, {"rho": 0.3}, {"rho": 0.3}]
+    hashes = [7, 7, 7, 8, -1, -1, 7]
+    before = types.SimpleNamespace(hashes=[1, 1, 1, 1, 1, 1, 2])
+    nets = types.SimpleNamespace(hashes=hashes, before=before)
+    assert bundles.same_input(exp, cells, list(range(7)), nets) == {0: 0, 1: 0, 2: 2, 3: 3, 4: 4, 5: 5, 6: 6}
+    assert bundles.same_input(exp, cells, [1, 3], nets) == {1: 1, 3: 3}  # only the usable cells
