@@ -2,9 +2,12 @@
 flows/served.py's sweep, then what ``kktlab report`` would print, as artifacts of the run in the
 Prefect UI (issue 43): per stage its acceptance table (every paper claim it can judge), and for a
 chain that reads an ``unlearn`` stage the findings table (forgotten vs retained points). Beside each
-stage's summary table (flows/run_ui.py). Best effort, as all of the UI: the store is the truth."""
+stage's summary table (flows/run_ui.py), and a link to the report's figures (written beside the store,
+``<store>.report/``). Best effort, as all of the UI: the store is the truth."""
 
 from __future__ import annotations
+
+import pathlib
 
 from prefect import flow
 
@@ -22,8 +25,39 @@ def submit(config_path: str, store: str | None = None, overrides: dict | None = 
     cfg, path, stats = done
     from flows import run_ui
 
-    run_ui.post(path, report_artifacts(path, [stage.name for stage in cfg.stages]))
+    arts = report_artifacts(path, [stage.name for stage in cfg.stages])
+    try:
+        arts.append(report_link(path))
+    except Exception as err:  # noqa: BLE001 - the store is done; the page says why there is no report
+        arts.append({"suffix": "report", "type": "markdown", "description": "kktlab: the report, not written",
+                     "data": f"The report was not written: {type(err).__name__}: {err}. `kktlab report {path} "
+                             f"--out DIR` writes it from the store."})
+    run_ui.post(path, arts)
     return stats
+
+
+def report_dir(store) -> pathlib.Path:
+    """Where a served run writes its report: ``<store>.report/`` beside the store (as its ``.cache``)."""
+    return pathlib.Path(str(store) + ".report")
+
+
+def report_link(store) -> dict:
+    """``kktlab report STORE --out <store>.report`` written, and a markdown artifact (key
+    ``<store>-report``) that links its index.html and each figure, with the command that writes it
+    again: the report's figures from the run's page in the UI (issue 43)."""
+    from kktlab.report import report
+
+    out = report_dir(store)
+    paths = report(store, out)
+    figures = [p for p in paths if p.suffix == ".png"]
+    lines = [f"**The report** of `{store}`: [index.html]({(out / 'index.html').resolve().as_uri()}) "
+             f"({len(figures)} figures, each with its .svg twin; `kktlab report {store} --out {out}` "
+             "writes it again)", ""]
+    lines += [f"- [{p.relative_to(out)}]({p.resolve().as_uri()})" for p in figures]
+    if not figures:
+        lines.append("- no figure drawn (index.html says why)")
+    return {"suffix": "report", "type": "markdown", "data": "\n".join(lines),
+            "description": f"kktlab: the report's figures, written to {out}"}
 
 
 def report_artifacts(store, groups: list[str]) -> list[dict]:

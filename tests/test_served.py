@@ -186,6 +186,18 @@ def test_a_submitted_sweep_and_chain_complete_with_their_progress_on_the_server(
         want = next(a["data"] for a in report_artifacts(store_, [group]) if a["suffix"] == f"{group}-acceptance")
         assert rows == want and {r["result"] for r in rows} <= {"pass", "FAIL", "not judged", "not judged (no data)"}, \
             (key, rows)
+    # and the report's figures, written beside each store and linked from its run (issue 43)
+    import pathlib
+    from urllib.parse import unquote, urlparse
+
+    from flows import run_ui
+
+    for store_ in (tiny.store, store2):
+        page = next(a for a in artifacts if a.key == run_ui.key(store_, "report"))
+        links = [pathlib.Path(unquote(urlparse(u).path)) for u in re.findall(r"\((file://[^)]+)\)", page.data)]
+        assert links and links[0] == (pathlib.Path(str(store_) + ".report") / "index.html").resolve(), page.data
+        assert all(p.is_file() for p in links) and str(page.flow_run_id) in ids, page.data
+        assert len(links) - 1 == len(list(links[0].parent.rglob("*.png"))), page.data  # every figure linked
     names = {t.name for t in task_runs}
     assert "served d=16 seed=0 (1 cell)" in names and "nets d=16 seed=0 (1 cell)" in names, names
     assert "robustness d=16 seed=0 attack=margin_direction (1 cell)" in names, names
