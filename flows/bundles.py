@@ -187,4 +187,3 @@ def same_input(exp, cells: list[dict], ok: list[int], nets) -> dict[int, int]:
         own = json.dumps({k: cells[i].get(k) for k in sorted(exp.params)}, sort_keys=True, default=str)
         first[i] = seen.setdefault((int(h), None if before is None else int(before[i]), own), i)
     return first
-

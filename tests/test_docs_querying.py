@@ -96,3 +96,23 @@ def test_a_group_describes_itself(folder):
             units = ds[name].attrs.get("units") or ds[name].encoding.get("units")  # a CF time's units: in encoding
             assert ds[name].attrs.get("long_name") and units, (group, name)
         assert {"title", "references", "README", "config"} <= set(ds.attrs), group
+
+
+@pytest.mark.requires_services
+def test_the_concepts_pages_blocks_run_and_its_config_parses(folder):
+    """docs/concepts.md's python block runs against the same store (from the folder that holds
+    results/), and each of its YAML blocks is a config kktlab accepts (issue 45: every code block runs)."""
+    import sys
+
+    from flows import config
+
+    sys.path.insert(0, str(ROOT / "docs"))
+    import gen_tutorial
+
+    text = (ROOT / "docs" / "concepts.md").read_text()
+    assert gen_tutorial.BLOCK.findall(text), "concepts.md has a python block"
+    gen_tutorial.printed_by_blocks(text, folder, "docs/concepts.md")
+    configs = re.findall(r"```yaml\n(.*?)```\n", text, re.S)
+    assert configs
+    for raw in configs:
+        assert config.parse(yaml.safe_load(raw)).stages
