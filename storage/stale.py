@@ -10,8 +10,13 @@ upstream (``--force``) stores the same hash, so its readers stay fresh; changed 
 exactly their readers stale. ``flows.sweep.plan`` marks stale cells not done, so a rerun
 recomputes exactly them and queries never mix old and new.
 
+A failed cell is stale when it failed because its upstream cell was not done, failed or damaged
+(:data:`UPSTREAM_WAS_UNUSABLE`) and that upstream cell is no longer failed: usable again, or not done
+and so computed again by the same run (issue 40: a repaired upstream is read again without
+``--retry-failed``). Its other failures are its own and stay (``--retry-failed`` retries them).
+
 Not judged (a note says so): cells with no recorded hash (-1: groups made before hashes), groups
-without ``upstream_hash`` or whose upstream has no ``cell_hash``; failed cells.
+without ``upstream_hash`` or whose upstream has no ``cell_hash``.
 """
 
 from __future__ import annotations
@@ -19,11 +24,17 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
+import re
 
 import numpy as np
 import zarr
 
 from storage import schema
+
+
+# a reading cell's failure that its upstream cell caused by being unusable then (storage/nets.py's words):
+# the cell is stale once that upstream cell is usable again or computed again (not done: the run computes it)
+UPSTREAM_WAS_UNUSABLE = re.compile(r"upstream cell \(.*?\) (is not done|failed|is damaged)")
 
 
 @dataclasses.dataclass
@@ -82,6 +93,14 @@ def stale_cells(path: str | pathlib.Path, group: str) -> Stale:
         idx = tuple(int(i) for i in idx)
         out.cells.append(idx)
         out.names.append(label(idx))
+    up_failed = (_flags(up, schema.DONE, up_shape) & _flags(up, schema.FAILED, up_shape)).reshape(now.shape)
+    failed = _flags(g, schema.DONE, g[schema.DONE].shape) & _flags(g, schema.FAILED, g[schema.DONE].shape)
+    texts = schema.failures(g.attrs) if failed.any() else {}
+    for idx in zip(*np.nonzero(failed & ~up_failed)):  # failed for its upstream, which is no longer failed
+        idx = tuple(int(i) for i in idx)
+        if UPSTREAM_WAS_UNUSABLE.match(texts.get(label(idx), "")):
+            out.cells.append(idx)
+            out.names.append(label(idx))
     return out
 
 
@@ -102,7 +121,7 @@ def status_lines(path: str | pathlib.Path, group: str, limit: int = 5) -> list[s
     out = [f"  note: {note}" for note in s.notes]
     if s.cells:
         out.append(f"  stale: {len(s.cells)} done cells read an upstream '{s.upstream}' cell that has changed "
-                   "since; `kktlab run` on the config recomputes them")
+                   "since (or failed while it was unusable); `kktlab run` on the config recomputes them")
         out += [f"  stale: {name}" for name in s.names[:limit]]
         if len(s.names) > limit:
             out.append(f"  stale: ... and {len(s.names) - limit} more")

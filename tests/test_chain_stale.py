@@ -208,3 +208,27 @@ def test_a_cached_bundle_that_read_an_older_upstream_is_not_used(store, monkeypa
     assert [(s["written"], s["from_cache"], s["stale_recomputed"]) for s in stats] == [(0, 0, 0), (2, 0, 0)]
     assert list((store.parent / "chain.zarr.cache" / "robustness").glob("*.bad-*"))
     assert stale_cells(store, "robustness").cells == []
+
+
+def test_readers_failed_by_an_unusable_upstream_are_read_again_once_it_is_repaired(store):
+    """Issue 40: a reading cell that failed because its upstream cell was failed stays failed while
+    that cell is; once the upstream cell is to be computed again (a damaged chunk marks it not done;
+    here by hand), a plain rerun (no --retry-failed) computes it and then its readers, which equal
+    the clean run's. The reader's own failures stay for --retry-failed."""
+    clean = open_results(store, "robustness").load()
+    Store(store, "nets").write_failed(CHANGED, "LinAlgError: boom", force=True)
+    Store(store, "robustness").mark_not_done([(*CHANGED, a) for a in range(len(ATTACKS))])
+    stats = run_sweep(chain(), str(store))
+    assert [(s["group"], s["written"], s["failed"]) for s in stats] == [("nets", 0, 0), ("robustness", 0, 2)]
+    texts = schema.failures(zarr.open_group(str(store / "robustness"), mode="r", zarr_format=3).attrs)
+    assert texts["d=24, seed=0, attack=margin_direction"].startswith("upstream cell (d=24, seed=0) failed: LinAlgError")
+    assert stale_cells(store, "robustness").cells == []  # its upstream is still failed: nothing to read again
+    Store(store, "nets").mark_not_done([CHANGED])
+    assert stale_cells(store, "robustness").cells == [(*CHANGED, a) for a in range(len(ATTACKS))]
+    stats = run_sweep(chain(), str(store))
+    assert [(s["group"], s["written"], s["failed"], s["stale_recomputed"]) for s in stats] == [
+        ("nets", 1, 0, 0), ("robustness", 2, 0, 2)]
+    again = open_results(store, "robustness").load()
+    assert not again.failed.values.any() and again.done.values.all()
+    for name in ("c_star", "gamma", schema.UPSTREAM_HASH):
+        np.testing.assert_array_equal(again[name].values, clean[name].values, err_msg=name)
