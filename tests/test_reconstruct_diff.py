@@ -201,16 +201,14 @@ def test_a_diff_stage_reading_a_first_stage_is_refused_naming_from():
     config.parse(chain())  # reading the unlearn stage is accepted
 
 
-def test_in_a_store_the_reader_gets_the_net_before_from_the_unlearn_stages_upstream(tmp_path):
-    """The stages run in process (no Prefect): train_kkt and unlearn written to a store, then the diff
-    stage's worker function reads each unlearned net and, through the unlearn group's ``from``, the
-    trained net it was made from. The unlearn stage crosses its methods with two α: the reference
-    (identity: the same net at both α) is read once and its result given to both cells (issue 39:
-    references computed once), the GA nets once each."""
+@pytest.fixture(scope="module")
+def in_process(tmp_path_factory):
+    """The chain run in process (no Prefect), stage by stage, one bundle per bundle key as the chain
+    cuts them: its store, each stage's results by index, and the diff cells its kernel computed."""
     from flows.sweep import FAILED, compute_reading, open_store, plan, write_bundle
     from flows.result_cache import HASH
 
-    path = str(tmp_path / "s.zarr")
+    path = str(tmp_path_factory.mktemp("in_process") / "s.zarr")
     out, computed = {}, []
     for cfg in config.parse(chain(alphas=[0.5, 1.0])).stages:
         exp = cfg.exp if cfg.name != "diff" else dataclasses.replace(  # counting the cells its kernel computes
@@ -232,6 +230,16 @@ def test_in_a_store_the_reader_gets_the_net_before_from_the_unlearn_stages_upstr
             receipts = write_bundle({"store": path, "group": cfg.name, "indices": idx}, res)
             st.mark_many(idx, [r[HASH] for r in receipts])
             out.setdefault(cfg.name, {}).update(zip(map(tuple, idx), res))
+    return path, out, computed
+
+
+def test_in_a_store_the_reader_gets_the_net_before_from_the_unlearn_stages_upstream(in_process):
+    """train_kkt and unlearn written to a store, then the diff stage's worker function reads each
+    unlearned net and, through the unlearn group's ``from``, the trained net it was made from. The
+    unlearn stage crosses its methods with two α: the reference (identity: the same net at both α)
+    is read once and its result given to both cells (issue 39: references computed once), the GA
+    nets once each."""
+    _, out, computed = in_process
     by = out["diff"]  # dims (seed, method, alpha, rho)
     assert sorted(by) == [(0, m, a, 0) for m in (0, 1) for a in (0, 1)]
     assert len(computed) == 3  # identity once for both α, ga at each α
@@ -239,6 +247,27 @@ def test_in_a_store_the_reader_gets_the_net_before_from_the_unlearn_stages_upstr
     assert by[(0, 0, 0, 0)]["upstream_hash"] == by[(0, 0, 1, 0)]["upstream_hash"]
     for a in (0, 1):
         assert by[(0, 1, a, 0)]["status"] == cell.DONE and by[(0, 1, a, 0)]["cos_forgotten"] > 0.99  # ga
+
+
+def test_a_reader_failed_by_its_upstream_is_stale_once_that_cell_is_no_longer_failed(in_process, tmp_path):
+    """storage/stale.py (issue 40): a diff cell that failed because its unlearned cell failed is not
+    stale while that cell is failed, and is once the cell is to be computed again (not done); a cell's
+    own failure (its upstream sound) is never stale (--retry-failed retries it)."""
+    import shutil
+
+    from storage.stale import stale_cells
+    from storage.store import Store
+
+    path = tmp_path / "s.zarr"
+    shutil.copytree(in_process[0], path)
+    up, reader, own = (0, 1, 1), (0, 1, 1, 0), (0, 1, 0, 0)  # seed 0, ga, α = 1 (and α = 0.5), rho 0.3
+    Store(path, "unlearned").write_failed(up, "LinAlgError: boom", force=True)
+    diff = Store(path, "diff")
+    diff.write_failed(reader, "upstream cell (seed=0, method=ga, alpha=1.0) failed: LinAlgError: boom", force=True)
+    diff.write_failed(own, "RuntimeError: its own", force=True)
+    assert stale_cells(path, "diff").cells == []
+    Store(path, "unlearned").mark_not_done([up])
+    assert stale_cells(path, "diff").cells == [reader]
 
 
 def test_cells_share_a_result_only_with_the_same_upstream_content_and_own_parameters():
