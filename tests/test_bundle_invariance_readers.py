@@ -191,6 +191,21 @@ def test_train_kkt_net_is_bit_identical_alone_and_bundled():
     assert out.returncode == 0, out.stderr[-3000:]
 
 
+def test_a_lone_train_kkt_cell_trains_as_a_stack_of_two(monkeypatch):
+    """The rule behind the bit test above for a lone cell (tasks/cells/train_kkt.py: a stack of one
+    goes to MKL's plain dgemm, another last bit than the batched one on the AMD EPYC): on CPUs where
+    the two agree (the Intel Xeon @ 2.50GHz of stop 56) that test cannot tell the rule is gone, so
+    the stack the kernel gets is checked here: two copies of the cell, the second dropped."""
+    from tasks.cells import train_kkt
+
+    seen = []
+    real = train_kkt.train_fixed_output
+    monkeypatch.setattr(train_kkt, "train_fixed_output", lambda W0, *a, **kw: seen.append(W0.shape[0]) or real(W0, *a, **kw))
+    base = dict(defaults("train_kkt"), epochs=20, d=7, m=5, width=3)
+    assert len(train_kkt.train_cells([base], "cpu")) == 1 and seen == [2]
+    assert len(train_kkt.train_cells([base, dict(base, seed=1)], "cpu")) == 2 and seen == [2, 2]
+
+
 @pytest.mark.requires_services
 def test_mkl_cbwr_reaches_the_dask_workers_kktlab_starts(monkeypatch):
     from distributed import Client, LocalCluster
