@@ -65,7 +65,7 @@ def readers_of_unlearn(store, scalars: dict | None = None) -> tuple[list[tuple[s
     """(group, experiment, dataset, its unlearn group) of every group reading an ``unlearn`` group's nets,
     ``method`` and ``alpha`` always among its dims; and the readers not drawn, each with why. ``scalars``:
     groups' :func:`storage.query.stage_scalars` a caller read already (``kktlab report``), by name."""
-    unlearned = dict(scalars or {})  # each group read once, however many stages read it
+    read = dict(scalars or {})  # each group read once, however many stages read it
     out, skipped = [], []
     opened = {g: open_results(store, g) for g in groups(store)}
     kinds = {g: ds.attrs.get("kktlab_experiment") for g, ds in opened.items()}
@@ -82,8 +82,8 @@ def readers_of_unlearn(store, scalars: dict | None = None) -> tuple[list[tuple[s
             skipped.append(f"{g} ({kinds[g]}): not drawn: made before its variables {', '.join(missing)} existed "
                            "(rerun the stage)")
             continue
-        unl = unlearned[up] = unlearned.get(up) or stage_scalars(store, up)
-        mine = unlearned.get(g) or stage_scalars(store, g)
+        unl = read[up] = read.get(up) or stage_scalars(store, up)
+        mine = read.get(g) or stage_scalars(store, g)
         out.append((g, kinds[g], _with_method_alpha(mine, unl), _with_method_alpha(unl, unl)))
     return out, skipped
 

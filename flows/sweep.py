@@ -378,10 +378,11 @@ def run(cfg, store_path: str, force: bool = False, retry_failed: bool = False, w
     and held until the flow run ends, whatever the way out: another run computing one of them
     refuses this one in one line naming it, before any flow run or cluster starts, or, with
     ``wait`` (``kktlab run --wait``), is waited for, and this run then skips the cells it stored."""
-    from deploy import tls_context
+    from deploy import settings_once, tls_context
     from storage import runlock
 
     tls_context.install()  # this process's Prefect clients share one TLS context (its workers': their preload)
+    settings_once.install()  # and its settings are serialized once, not once per bundle submitted
     runner = dask_specs.task_runner(cfg.runner)
     raw = dict(cfg.to_dict(), _text=cfg.text)
     raw.pop("store")

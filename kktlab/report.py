@@ -27,6 +27,7 @@ class Section:
     """One group of one store (or a store's cross-group part) as the HTML page shows it."""
     store: str
     title: str
+    group: str = ""  # the store's group this section shows ("" for the chain's and the cross-group part)
     info: dict = dataclasses.field(default_factory=dict)  # provenance and cells done
     config: str = ""
     rows: list = dataclasses.field(default_factory=list)  # acceptance rows
@@ -63,8 +64,18 @@ def _drawn(figs, section: Section, out: pathlib.Path, lines: list[str]) -> list[
     return kept
 
 
-def _store(store, out: pathlib.Path, fig_dir: pathlib.Path, echo) -> tuple[list[str], list[Section], list]:
-    """index.md lines, HTML sections and the PNG paths of one store, its figures in ``fig_dir``."""
+@dataclasses.dataclass
+class Written:
+    """What :func:`write` wrote and judged: the served flow posts its tables as the run's artifacts
+    (kktlab/served_flow.py) instead of reading and judging the store a second time."""
+    paths: list[pathlib.Path]  # the PNGs (each with its .svg twin), index.md and index.html
+    sections: list[Section]  # each group's acceptance rows in ``rows``, its name in ``group``
+    findings: list[str]  # the chain's findings (markdown, without its figures): none without an unlearn stage
+
+
+def _store(store, out: pathlib.Path, fig_dir: pathlib.Path, echo) -> tuple[list[str], list[Section], list, list]:
+    """index.md lines, HTML sections, the PNG paths and the chain's findings lines of one store, its
+    figures in ``fig_dir``."""
     fig_dir.mkdir(parents=True, exist_ok=True)
     paths: list[pathlib.Path] = []
     sections: list[Section] = []
@@ -78,7 +89,7 @@ def _store(store, out: pathlib.Path, fig_dir: pathlib.Path, echo) -> tuple[list[
         prov = provenance(ds)
         bad = int(ds["damaged"].sum()) if "damaged" in ds else 0  # left out of every figure and row
         cells = f"{done[g]['done']}/{done[g]['total']}" + (f", {bad} damaged (left out; `kktlab verify`)" if bad else "")
-        sec = Section(str(store), f"{g} ({exp})", config=str(ds.attrs.get("config", "")),
+        sec = Section(str(store), f"{g} ({exp})", group=g, config=str(ds.attrs.get("config", "")),
                       info={"cells done": cells, **prov})
         sections.append(sec)
         lines += [f"## {g} ({exp})", "",
@@ -112,11 +123,12 @@ def _store(store, out: pathlib.Path, fig_dir: pathlib.Path, echo) -> tuple[list[
     from analysis import pipeline
 
     figs, chain_lines = pipeline.store_figures(store, fig_dir, scalars)  # the cross-paper chain (issue 27)
+    findings = [ln for ln in chain_lines if not ln.startswith("![")]
     if chain_lines:
         sec = Section(str(store), "the chain: forgotten vs retained points",
                       notes=[ln for ln in chain_lines if not ln.startswith(("#", "!["))])
         sections.append(sec)
-        lines += [ln for ln in chain_lines if not ln.startswith("![")]
+        lines += findings
         paths += _drawn(figs, sec, out, lines)
         lines.append("")
         echo("== the chain: forgotten vs retained points")
@@ -127,7 +139,7 @@ def _store(store, out: pathlib.Path, fig_dir: pathlib.Path, echo) -> tuple[list[
         lines += ["## Across groups", "", "### Acceptance", "", acc.markdown(rows), ""]
         echo("== across groups: acceptance")
         echo(acc.text(rows))
-    return lines, sections, paths
+    return lines, sections, paths, findings
 
 
 def report(store, out: str | pathlib.Path, echo: Callable[[str], None] | None = None) -> list[pathlib.Path]:
@@ -136,6 +148,11 @@ def report(store, out: str | pathlib.Path, echo: Callable[[str], None] | None = 
     provenance and acceptance tables; ``echo`` (e.g. ``print``) gets the tables as text. Of several
     stores, each one's figures go to ``out/<store name>/``. Returns the PNGs written (each has its
     ``.svg`` twin beside it), ``index.md`` and ``index.html``."""
+    return write(store, out, echo).paths
+
+
+def write(store, out: str | pathlib.Path, echo: Callable[[str], None] | None = None) -> Written:
+    """:func:`report`, with the sections and findings it judged."""
     out = pathlib.Path(out)
     out.mkdir(parents=True, exist_ok=True)
     echo = echo or (lambda line: None)
@@ -143,6 +160,7 @@ def report(store, out: str | pathlib.Path, echo: Callable[[str], None] | None = 
     paths: list[pathlib.Path] = []
     lines: list[str] = []
     sections: list[Section] = []
+    findings: list[str] = []
     used: set[str] = set()
     for s in stores:
         sub = ""
@@ -151,12 +169,13 @@ def report(store, out: str | pathlib.Path, echo: Callable[[str], None] | None = 
             while sub in used:
                 sub += "_"
             used.add(sub)
-        more, secs, figs = _store(s, out, out / sub if sub else out, echo)
+        more, secs, figs, found = _store(s, out, out / sub if sub else out, echo)
         lines += more
         sections += secs
         paths += figs
+        findings += found
     index = out / "index.md"
     index.write_text("\n".join(lines))
     page = out / "index.html"
     page.write_text(report_html.page([str(s) for s in stores], sections))
-    return paths + [index, page]
+    return Written(paths + [index, page], sections, findings)

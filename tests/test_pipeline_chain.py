@@ -147,12 +147,13 @@ def test_report_draws_the_chain_figures_and_findings(ran, tmp_path):
     infinite slices are counted by the statistics layer)."""
     import warnings
 
-    from kktlab.report import report
+    from kktlab.report import write
 
     lines: list[str] = []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        paths = report(ran / "chain.zarr", tmp_path, echo=lines.append)
+        written = write(ran / "chain.zarr", tmp_path, echo=lines.append)
+    paths = written.paths
     assert [f"{w.filename}:{w.lineno}: {w.message}" for w in caught if issubclass(w.category, RuntimeWarning)] == []
     chain = [p for p in paths if p.name.startswith("pipeline_")]
     assert sorted(p.name for p in chain) == [f"pipeline_{g}.png" for g in sorted(READERS)]
@@ -165,10 +166,13 @@ def test_report_draws_the_chain_figures_and_findings(ran, tmp_path):
     # the KKT attack on these nets (3000 steps at d = 10: far from a KKT point) is not judged
     (recon,) = [line for line in rows if line.startswith("| recon | recovered | ga | 1 |")]
     assert "no verdict: nets outside the KKT regime (median ε1_rel" in recon, recon
-    # the served flow's UI artifacts (kktlab/served_flow.py): the same findings table, each stage's acceptance
-    from kktlab.served_flow import report_artifacts
+    # the served flow's UI artifacts (kktlab/served_flow.py): the same findings table, each stage's acceptance,
+    # from the report's own reading as from a reading of their own (the flow's fallback)
+    from kktlab.served_flow import artifacts, report_artifacts
 
     arts = {a["suffix"]: a for a in report_artifacts(ran / "chain.zarr", ["nets", "gone", *READERS])}
+    assert {a["suffix"]: a for a in artifacts({s.group: s.rows for s in written.sections if s.group},
+                                              written.findings)} == arts
     findings = arts["findings"]["data"].splitlines()
     table = [ln for ln in findings if ln.startswith("| ")]
     assert len(table) > 4 and all(ln in rows for ln in table)  # the rows index.md shows

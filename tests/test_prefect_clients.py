@@ -1,7 +1,8 @@
 """Prefect API clients as kktlab's processes make them (deploy/tls_context.py, flows/run_ui.py): every
 client of a process shares one TLS context per CA file (Prefect built one per client, ~16 ms of CPU
 each, on every task run of a Dask worker), with the verification Prefect sets up; a progress update
-is made without retries, the settings copy made once."""
+is made without retries, the settings copy made once; the settings are serialized once per context
+(deploy/settings_once.py)."""
 
 from __future__ import annotations
 
@@ -50,3 +51,27 @@ def test_a_progress_update_is_made_without_retries_from_one_settings_copy(api_ur
     assert PREFECT_CLIENT_MAX_RETRIES.value() == default
     with run_ui._at_once():
         assert PREFECT_CLIENT_MAX_RETRIES.value() == 0 and run_ui._AT_ONCE[1] is first
+
+
+def test_settings_are_serialized_once_per_context_and_as_prefect_serializes_them(api_url):
+    """deploy/settings_once.py: the same dict as Prefect's own serialization, a copy each time (a caller
+    may change it), and new settings (a new context) serialized afresh."""
+    from prefect.context import SettingsContext
+    from prefect.settings import PREFECT_CLIENT_MAX_RETRIES, temporary_settings
+
+    from deploy import settings_once
+
+    installed = SettingsContext.serialize
+    original = getattr(installed, "__wrapped__", installed)  # Prefect's own (a run in this process installs it)
+    assert settings_once.install() and settings_once.install()  # idempotent
+    try:
+        ctx = SettingsContext.get()
+        first = ctx.serialize()
+        assert first == original(ctx) and ctx.serialize(include_secrets=False) == original(ctx, include_secrets=False)
+        first["settings"]["changed"] = first["profile"] = None
+        assert ctx.serialize() == original(ctx)  # a copy: what a caller did to the last one is not handed out
+        with temporary_settings(updates={PREFECT_CLIENT_MAX_RETRIES: 3}):
+            assert SettingsContext.get().serialize()["settings"]["client"]["max_retries"] == 3
+        assert ctx.serialize() == original(ctx)
+    finally:
+        SettingsContext.serialize = installed

@@ -24,7 +24,7 @@ import math
 
 import numpy as np
 import torch
-from scipy import integrate, special
+from scipy import special
 
 __all__ = [
     "log_ball_volume",
@@ -64,6 +64,8 @@ def log_sphere_area(k: int) -> float:
 
 def _log_theta_integral(d: int, eps: float, A: float) -> float:
     """log ∫_0^π sqrt(eps² - A² sin²θ)_+ sin^{d-2}θ dθ by quadrature (T000-2x)."""
+    from scipy import integrate  # here: every run imports this module with the experiments, few integrate (~0.5 s)
+
     opts = dict(epsabs=0.0, epsrel=1e-12, limit=500)
     if eps < A * (1.0 - 1e-12):  # within 1e-12 of eps = A both branches agree to ~1e-11 relative
         # sin θ = (eps/A) u on each cap [0, θ0] and [π-θ0, π]:
