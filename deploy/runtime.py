@@ -79,55 +79,43 @@ def quiet_logs(verbose: bool = False) -> None:
     logging.getLogger("distributed.http.proxy").setLevel(logging.INFO if verbose else logging.ERROR)
 
 
-WATCHDOG = """
-import os, signal, sys, time
-parent, server = int(sys.argv[1]), int(sys.argv[2])
-while True:
-    time.sleep(1)
+def embedded_server(verbose: bool = False):
+    """An embedded Prefect server started now (deploy/embedded_server.py), for :func:`prefect_api` to
+    wait for later, when no server is set ($PREFECT_API_URL, the active profile's); else None, and
+    None where it cannot be started now (:func:`prefect_api` starts one then, and says why it cannot).
+    ``kktlab run`` starts it before it imports torch and reads its configs, which take as long as the
+    server's start (issue 44); a refused config stops it."""
+    from deploy.embedded_server import EmbeddedServer
+    from deploy.probe import api_url
+
+    quiet_env(verbose)
+    if api_url():
+        return None
     try:
-        os.kill(server, 0)
-    except OSError:
-        break  # the server stopped: nothing to watch
-    if os.getppid() != parent:  # the run died without stopping its server (kill -9): stop it
-        os.kill(server, signal.SIGTERM)
-        time.sleep(5)
-        try:
-            os.kill(server, signal.SIGKILL)
-        except OSError:
-            pass
-        break
-"""
-
-
-def watch_parent(server_pid: int) -> None:
-    """A watchdog process that stops the embedded server ``server_pid`` when this process dies
-    without stopping it (kill -9 of the run alone: issue 29 item 9); it exits with the server."""
-    import subprocess
-    import sys
-
-    subprocess.Popen([sys.executable, "-c", WATCHDOG, str(os.getpid()), str(server_pid)],
-                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return EmbeddedServer()
+    except OSError:  # e.g. the interpreter not executable by this user: the checks first, then prefect_api's error
+        return None
 
 
 @contextlib.contextmanager
-def prefect_api():
+def prefect_api(server=None):
     """Use $PREFECT_API_URL or the active profile's URL if set (a real server,
-    :func:`deploy.probe.api_url`), else start one embedded server for the run."""
+    :func:`deploy.probe.api_url`), else one embedded server for the run: ``server`` (from
+    :func:`embedded_server`) or one started now. The server is stopped on the way out."""
     from deploy.probe import api_url
 
     quiet_env()
-    url = api_url()
+    url = None if server else api_url()
     if url:
         yield url
         return
-    from prefect.server.api.server import SubprocessASGIServer
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from deploy.embedded_server import EmbeddedServer
 
-    server = SubprocessASGIServer()
+    server = server or EmbeddedServer()
     limit = int(os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"])
     try:
-        server.start(timeout=limit)
-    except RuntimeError as err:  # issue 44: one line, not Prefect's traceback, when the start times out
+        server.wait(limit)
+    except RuntimeError as err:  # issue 44: one line, not a traceback, when the start times out
         server.stop()
         from core.errors import UserError
 
@@ -135,8 +123,8 @@ def prefect_api():
                         f"(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS): {str(err).splitlines()[0]} A busy machine "
                         "starts it slowly: raise that limit, or start a server once (make server) and export "
                         "PREFECT_API_URL") from None
-    if server.server_process is not None:
-        watch_parent(server.server_process.pid)
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
     os.environ["PREFECT_API_URL"] = server.api_url
     try:
         with temporary_settings(updates={PREFECT_API_URL: server.api_url}):

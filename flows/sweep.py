@@ -381,6 +381,8 @@ def run(cfg, store_path: str, force: bool = False, retry_failed: bool = False, w
     from deploy import settings_once, tls_context
     from storage import runlock
 
+    store_path = os.path.abspath(store_path)  # the workers' folder is not ours (`make dask-worker`, a cluster's)
+
     tls_context.install()  # this process's Prefect clients share one TLS context (its workers': their preload)
     settings_once.install()  # and its settings are serialized once, not once per bundle submitted
     runner = dask_specs.task_runner(cfg.runner)

@@ -62,7 +62,20 @@ def _damage_lines(store: str, report, limit: int | None = SHOWN_DAMAGED) -> list
 
 
 def cmd_run(args) -> int:
-    """Run one or more configs (in order) on one Prefect server; each resumes where it stopped."""
+    """Run one or more configs (in order) on one Prefect server; each resumes where it stopped. An
+    embedded server, where one is needed, starts first: it starts while the configs are read and
+    checked (issue 44), and is stopped if one is refused; with --wait, only once the wait is over."""
+    from deploy import runtime
+
+    server = None if args.dry_run or args.wait else runtime.embedded_server(args.verbose)
+    try:
+        return _run_configs(args, server)
+    finally:
+        if server is not None:
+            server.stop()
+
+
+def _run_configs(args, server) -> int:
     from flows import config as config_mod
     from kktlab import preflight
 
@@ -109,7 +122,7 @@ def cmd_run(args) -> int:
 
             find_groups(store)  # a group whose metadata is gone: one line, before anything runs
         for i, stage in enumerate(cfg.stages):  # an existing group of another experiment or grid: one line
-            _check_group(stage, store, planned, "" if cfg.stages[0] is cfg else f"stages[{i}].")
+            preflight.group(stage, store, planned, "" if cfg.stages[0] is cfg else f"stages[{i}].")
     from deploy import runtime
 
     runtime.quiet_env(args.verbose)
@@ -125,7 +138,7 @@ def cmd_run(args) -> int:
     try:
         # the run lock of every group (storage/runlock.py) before any server or cluster starts: another
         # run computing one of them refuses this one here, in one line, or (--wait) is waited for here
-        with _run_locks(cfgs, stores, args.wait), runtime.prefect_api():  # both released on every way out
+        with _run_locks(cfgs, stores, args.wait), runtime.prefect_api(server):  # both released on every way out
             for cfg, store in zip(cfgs, stores):
                 for stage in cfg.stages:
                     print(f"[kktlab] {stage.experiment} '{stage.name}': {stage.n_cells} cells -> {store}",
@@ -164,29 +177,6 @@ def _run_locks(cfgs, stores, wait: bool):
         for store in sorted(groups):
             stack.enter_context(runlock.hold(store, groups[store], wait=wait))
         yield
-
-
-def _check_group(stage, store: str, planned: dict, field: str = "") -> None:
-    """Refuse, without making anything, a stage whose group exists in ``store`` with another
-    experiment, source, grid or params (what :meth:`Store.open_or_create` would refuse), or that
-    an earlier config of this run writes with another identity (``planned``); ``field``: the
-    stage's prefix in a chain (``stages[1].``), put before the config field a refusal names."""
-    from core.errors import StoreError
-    from storage.store import Store
-
-    exp = stage.exp
-    group = Store(store, stage.name)
-    ident = group.identity(exp, stage.store_grid, stage.params, stage.cases, stage.source)
-    key = (os.path.realpath(store), stage.name)
-    text = json.dumps(ident, sort_keys=True, default=str)
-    if planned.setdefault(key, text) != text:
-        raise UserError(f"two of the configs write group '{stage.name}' of store {store} with other experiments, "
-                        "grids or params; give one of them another name or store")
-    if os.path.exists(os.path.join(store, stage.name, "zarr.json")):
-        try:
-            group.check_identity(ident, {k: p.default for k, p in exp.params.items()}, set(exp.inherits))
-        except StoreError as err:
-            raise StoreError(str(err).replace("config field '", f"config field '{field}", 1)) from None
 
 
 def _print_stage(cfg, store, stats, table: str) -> None:

@@ -1,8 +1,9 @@
-"""Checks of the paths a command will write, before any store, server or cluster exists: each
-failure is one :class:`UserError` naming the option or field and the path."""
+"""Checks of the paths and groups a command will write, before any store, server or cluster exists:
+each failure is one :class:`UserError` naming the option or field and the path."""
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import tempfile
@@ -96,3 +97,26 @@ def file_for_writing(path: str, what: str) -> None:
         raise UserError(f"{what} {path}: {folder} is a file, not a folder")
     if not _writable(folder):
         raise UserError(f"{what} {path}: folder {folder} is read-only")
+
+
+def group(stage, store: str, planned: dict, field: str = "") -> None:
+    """Refuse, without making anything, a stage whose group exists in ``store`` with another
+    experiment, source, grid or params (what :meth:`Store.open_or_create` would refuse), or that
+    an earlier config of this run writes with another identity (``planned``); ``field``: the
+    stage's prefix in a chain (``stages[1].``), put before the config field a refusal names."""
+    from core.errors import StoreError
+    from storage.store import Store
+
+    exp = stage.exp
+    stored = Store(store, stage.name)
+    ident = stored.identity(exp, stage.store_grid, stage.params, stage.cases, stage.source)
+    key = (os.path.realpath(store), stage.name)
+    text = json.dumps(ident, sort_keys=True, default=str)
+    if planned.setdefault(key, text) != text:
+        raise UserError(f"two of the configs write group '{stage.name}' of store {store} with other experiments, "
+                        "grids or params; give one of them another name or store")
+    if os.path.exists(os.path.join(store, stage.name, "zarr.json")):
+        try:
+            stored.check_identity(ident, {k: p.default for k, p in exp.params.items()}, set(exp.inherits))
+        except StoreError as err:
+            raise StoreError(str(err).replace("config field '", f"config field '{field}", 1)) from None

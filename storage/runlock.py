@@ -42,8 +42,9 @@ _HELD: dict[pathlib.Path, tuple[int, dict]] = {}  # the locks this process holds
 
 
 def lock_path(store: str | os.PathLike, group: str) -> pathlib.Path:
-    """The lock file of ``group`` of the store at ``store``."""
-    return pathlib.Path(str(store) + SUFFIX) / f"{group}.lock"
+    """The lock file of ``group`` of the store at ``store`` (absolute: a lock this process holds is
+    found whether the store is named relative to the working folder or not)."""
+    return pathlib.Path(os.path.abspath(str(store) + SUFFIX)) / f"{group}.lock"
 
 
 def holder(store: str | os.PathLike, group: str) -> dict:

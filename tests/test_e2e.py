@@ -26,9 +26,11 @@ SMALL = {
 
 
 def test_config_to_store_to_xarray(cli, prefect_server, write_config, tmp_path):
+    """... with a store path relative to where ``kktlab run`` is started: the session's Dask workers
+    (deploy/dask.py's attached scheduler, as `make dask-worker`'s) run in another folder."""
     path = write_config(SMALL)
     store = tmp_path / "s.zarr"
-    res = cli.run("run", path, "--store", store, "--json", tmp_path / "stats.json")
+    res = cli.run("run", path, "--store", "s.zarr", "--json", tmp_path / "stats.json", cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "store:" in res.stdout and "c_star" in res.stdout
     assert "cells 8/8 (100%)" in res.stderr

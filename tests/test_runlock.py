@@ -206,7 +206,7 @@ def _no_server(calls: list, store=None):
     import contextlib
 
     @contextlib.contextmanager
-    def start():
+    def start(server=None):
         calls.append(time.monotonic())
         if store is not None:  # who holds the group when the server would start (this run, once it waited)
             calls.append(runlock.holder(store, "twice").get("pid"))
@@ -217,8 +217,9 @@ def _no_server(calls: list, store=None):
 
 
 def test_run_is_refused_before_any_server_starts(tmp_path, holder_proc, write_config, monkeypatch, capsys):
-    """The refusal comes before the embedded Prefect server (and the cluster) start: the old order
-    started the server first and was refused after its start-up."""
+    """The refusal comes before the run waits for its embedded Prefect server (and before the cluster
+    starts): the old order started the server first and was refused after its start-up. The server
+    started early, while the config is read (issue 44), is stopped with the refusal."""
     from deploy import runtime
     from kktlab.cli import main
 
@@ -226,10 +227,13 @@ def test_run_is_refused_before_any_server_starts(tmp_path, holder_proc, write_co
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
     calls: list = []
     monkeypatch.setattr(runtime, "prefect_api", _no_server(calls))
+    early, started = runtime.embedded_server, []
+    monkeypatch.setattr(runtime, "embedded_server", lambda verbose=False: started.append(early(verbose)) or started[-1])
     holder_proc(store, "twice")
     assert main(["run", str(path), "--store", str(store)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert calls == [] and err == [f"kktlab: error: {runlock.refusal(store, 'twice', runlock.holder(store, 'twice'))}"]
+    assert len(started) == 1 and started[0].process.poll() is not None  # started early, stopped with the refusal
 
 
 def test_run_wait_waits_before_any_server_starts(tmp_path, holder_proc, write_config, monkeypatch):
@@ -240,6 +244,7 @@ def test_run_wait_waits_before_any_server_starts(tmp_path, holder_proc, write_co
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
     calls: list = []
     monkeypatch.setattr(runtime, "prefect_api", _no_server(calls, store))
+    monkeypatch.setattr(runtime, "embedded_server", lambda verbose=False: calls.append("started early"))
     a = holder_proc(store, "twice", seconds=1.5)
     with pytest.raises(ServerStart):
         main(["run", str(path), "--store", str(store), "--wait"])
