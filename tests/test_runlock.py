@@ -179,6 +179,15 @@ def test_a_group_this_process_holds_is_held_again_without_waiting_and_kept(tmp_p
         pass
 
 
+def test_a_held_group_is_found_whether_its_store_is_named_relative_or_absolute(tmp_path, monkeypatch):
+    """``kktlab run --store s.zarr`` holds the lock by the name given; flows.sweep.run takes it again by
+    the absolute path it sends the workers (a worker's folder is not the run's): the same lock."""
+    monkeypatch.chdir(tmp_path)
+    with runlock.hold("s.zarr", ["nets"]):
+        with runlock.hold(tmp_path / "s.zarr", ["nets"]):  # refused, as another run's, without the absolute path
+            assert runlock.holder("s.zarr", "nets")["pid"] == os.getpid()
+
+
 def test_check_refuses_a_held_group_naming_its_flow_run_and_holds_nothing(tmp_path, holder_proc):
     store = tmp_path / "s.zarr"
     runlock.check(store, ["nets"])  # never run: no lock file, nothing made
