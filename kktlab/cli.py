@@ -312,6 +312,26 @@ def cmd_report(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    stopping.install(prefect=args.cmd in FLOW_COMMANDS)
+    try:
+        return args.fn(args)
+    except UserError as err:
+        print(f"kktlab: error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # the file system or network refused; what was asked is in the message
+        if stopping.signalled(err):
+            return stopping.stopped()
+        print(f"kktlab: error: {err}", file=sys.stderr)
+        return 1
+    except BaseException as err:
+        if not stopping.signalled(err):
+            raise
+        return stopping.stopped()
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line's parser (docs/gen_reference.py writes the CLI reference from it)."""
     ap = argparse.ArgumentParser(prog="kktlab", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="run a config's sweep (resumes; never overwrites done cells)")
@@ -367,22 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("store", nargs="+", help="one or more stores (each one's figures in DIR/<store name>/)")
     s.add_argument("--out", required=True)
     s.set_defaults(fn=cmd_report)
-    args = ap.parse_args(argv)
-    stopping.install(prefect=args.cmd in FLOW_COMMANDS)
-    try:
-        return args.fn(args)
-    except UserError as err:
-        print(f"kktlab: error: {err}", file=sys.stderr)
-        return 2
-    except OSError as err:  # the file system or network refused; what was asked is in the message
-        if stopping.signalled(err):
-            return stopping.stopped()
-        print(f"kktlab: error: {err}", file=sys.stderr)
-        return 1
-    except BaseException as err:
-        if not stopping.signalled(err):
-            raise
-        return stopping.stopped()
+    return ap
 
 
 if __name__ == "__main__":

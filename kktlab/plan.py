@@ -71,8 +71,10 @@ def _size(b: float) -> str:
     return ""
 
 
-def print_plan(cfgs, stores, out=sys.stdout) -> None:
-    """One block per config: a line per stage and the store's totals."""
+def print_plan(cfgs, stores, out=None) -> None:
+    """One block per config: a line per stage and the store's totals, to ``out`` (the standard output
+    at the time of the call, not of the import: a redirected one too)."""
+    out = out or sys.stdout
     for cfg, store in zip(cfgs, stores):
         rows, by_name = [], {}
         for stage in cfg.stages:

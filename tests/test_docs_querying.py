@@ -116,3 +116,43 @@ def test_the_concepts_pages_blocks_run_and_its_config_parses(folder):
     assert configs
     for raw in configs:
         assert config.parse(yaml.safe_load(raw)).stages
+
+
+@pytest.mark.requires_services
+def test_the_running_pages_blocks_run_against_the_store_or_parse(folder, cli, tmp_path):
+    """docs/running.md (issue 45: every code block runs): each ``kktlab`` line of its bash blocks
+    runs in the folder that holds results/chain-small.zarr (the store it names), a ``run`` of a
+    config there as ``--dry-run`` (it starts nothing); a line with placeholders (CONFIG, PATH,
+    [MORE.zarr ...]) is parsed by kktlab's own parser; the python block runs; the YAML block is a grid
+    a forging config accepts."""
+    import sys
+
+    from flows import config
+    from kktlab.cli import parser
+
+    sys.path.insert(0, str(ROOT / "docs"))
+    import gen_tutorial
+
+    text = (ROOT / "docs" / "running.md").read_text()
+    lines = [ln.strip() for kind, code in BLOCK.findall(text) if kind == "bash" for ln in code.splitlines()]
+    commands = [shlex.split(ln, comments=True)[1:] for ln in lines if ln.split(" ")[0].endswith("kktlab")]
+    assert len(commands) >= 10
+    ran = set()
+    for args in commands:
+        args = [a for a in args if not a.startswith("[") and not a.endswith("]")]  # [optional ...] left out
+        if any(a.isupper() for a in args):  # placeholders: the options must exist
+            parser().parse_args(args)
+            continue
+        args = [*args, "--dry-run"] if args[0] == "run" else args
+        args = [str(tmp_path / "figs") if a == "figs/" else a for a in args]
+        config_path = next((a for a in args[1:] if a.endswith(".yaml")), None)
+        res = cli.run(*args, cwd=ROOT if config_path else folder)  # configs/ lies in the repository
+        assert res.returncode == 0 and (res.stdout or res.stderr), (args, res.stderr[-2000:])
+        ran.add(args[0])
+    assert ran >= {"experiments", "run", "status", "verify", "show", "report", "table"}
+    assert (folder / "chain-small.parquet").exists()
+    assert gen_tutorial.printed_by_blocks(text, folder, "docs/running.md") is not None
+    grid = yaml.safe_load(re.search(r"```yaml\n(.*?)```\n", text, re.S).group(1))["grid"]
+    raw = yaml.safe_load((ROOT / "configs" / "quickstart-forging.yaml").read_text())
+    raw["grid"] = {**{k: v for k, v in raw["grid"].items() if k != "estimator"}, **grid}
+    assert config.parse(raw).stages[0].n_cells > 0
