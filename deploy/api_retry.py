@@ -65,10 +65,12 @@ def install(api_url: str | None = None) -> bool:
 def dask_setup(worker) -> None:
     """Dask worker preload (``--preload deploy.api_retry``): the worker's task runs ride out a restart
     of the server at ``PREFECT_API_URL`` (the one the flow that started the worker, or its
-    environment, names), and their Prefect clients share one TLS context (deploy/tls_context.py)."""
-    from deploy import tls_context
+    environment, names), their Prefect clients share one TLS context (deploy/tls_context.py) and
+    their settings are validated once (deploy/settings_once.py). Each step apart: one failing leaves
+    the others in place."""
+    from deploy import settings_once, tls_context
 
-    for step in (install, tls_context.install):  # each apart: one failing leaves the other in place
+    for step in (install, tls_context.install, settings_once.install_hydration):
         try:
             step()
         except Exception:  # noqa: BLE001 - never stop a worker from starting; Prefect's own behaviour then

@@ -1,4 +1,6 @@
-"""Prefect's settings serialized once per settings context in a process, instead of once per task run.
+"""Prefect's settings serialized once per settings context in the process that submits task runs,
+and validated once per serialized settings in the Dask worker that runs them, instead of once per
+task run on both sides.
 
 Why: prefect-dask sends each task run the flow's context (``prefect.context.serialize_context``),
 and that serializes the whole Prefect settings model every time: a pydantic ``model_dump`` of some
@@ -10,12 +12,23 @@ What: :func:`install` makes ``SettingsContext.serialize`` remember its result pe
 (and ``include_secrets``) and hand out deep copies (0.2 ms). A settings context does not change
 once made: Prefect makes a new one for new settings (``temporary_settings``, a profile), and that
 one is serialized afresh. Installed by ``kktlab run`` (flows/sweep.py :func:`run`), the process
-that submits. Drop this module when Prefect serializes a context's settings once.
+that submits.
+
+On the worker, each task run rebuilds a ``SettingsContext`` from that dict
+(``prefect.context.hydrated_context``): pydantic-settings validates the 300 fields and reads its
+sources again, 52 ms of CPU per bundle (measured here; 8 % of a worker's time in ``make test``,
+py-spy). :func:`install_hydration` makes a ``SettingsContext`` built from a serialized dict reuse the
+profile and settings models validated from an equal dict before (0.1 ms): the context itself is new
+each time, as Prefect enters and leaves it. Installed by the workers' preload (deploy/api_retry.py).
+Drop both when Prefect does this itself.
 """
 
 from __future__ import annotations
 
 import copy
+import json
+
+HYDRATED_KEPT = 16  # serialized settings remembered per worker (a run has one; a served worker sees a few)
 
 
 def install() -> bool:
@@ -40,4 +53,33 @@ def install() -> bool:
     once._kktlab_once = True
     once.__doc__, once.__wrapped__ = serialize.__doc__, serialize
     SettingsContext.serialize = once
+    return True
+
+
+def install_hydration() -> bool:
+    """Validate each serialized Prefect settings once in this process (a Dask worker); idempotent.
+    False where ``SettingsContext`` no longer takes ``profile`` and ``settings`` (nothing done)."""
+    from prefect.context import SettingsContext
+
+    if getattr(SettingsContext.__dict__.get("__init__"), "_kktlab_once", False):
+        return True
+    if set(SettingsContext.model_fields) != {"profile", "settings"}:
+        return False
+    init = SettingsContext.__init__
+    made: dict[str, tuple] = {}
+
+    def once(self, **data) -> None:
+        if not all(isinstance(data.get(k), dict) for k in ("profile", "settings")) or len(data) != 2:
+            return init(self, **data)  # models, or more than a serialized context: as Prefect builds it
+        key = json.dumps(data, sort_keys=True, default=repr)
+        if key in made:
+            return init(self, **dict(zip(("profile", "settings"), made[key])))  # validated models pass as they are
+        init(self, **data)
+        if len(made) >= HYDRATED_KEPT:
+            made.clear()
+        made[key] = (self.profile, self.settings)
+
+    once._kktlab_once = True
+    once.__wrapped__ = init
+    SettingsContext.__init__ = once
     return True

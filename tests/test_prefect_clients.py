@@ -75,3 +75,32 @@ def test_settings_are_serialized_once_per_context_and_as_prefect_serializes_them
         assert ctx.serialize() == original(ctx)
     finally:
         SettingsContext.serialize = installed
+
+
+def test_a_worker_validates_each_serialized_settings_once_and_builds_what_prefect_builds(api_url):
+    """deploy/settings_once.py on a worker: a SettingsContext hydrated from a serialized dict equals
+    Prefect's own, a new context each time sharing the models validated from an equal dict; other
+    settings are validated afresh, and contexts built from models are built as Prefect builds them."""
+    from prefect.context import SettingsContext
+    from prefect.settings import PREFECT_CLIENT_MAX_RETRIES, temporary_settings
+
+    from deploy import settings_once
+
+    installed = SettingsContext.__dict__.get("__init__")
+    ser = SettingsContext.get().serialize()
+    with temporary_settings(updates={PREFECT_CLIENT_MAX_RETRIES: 3}):
+        other = SettingsContext.get().serialize()
+    own = SettingsContext(**ser)
+    assert settings_once.install_hydration() and settings_once.install_hydration()  # idempotent
+    try:
+        a, b, c = SettingsContext(**ser), SettingsContext(**ser), SettingsContext(**other)
+        assert a is not b and a.settings is b.settings and a.profile is b.profile  # validated once
+        assert a.settings == own.settings and a.profile == own.profile and a.serialize() == own.serialize()
+        assert c.settings is not a.settings and c.settings.client.max_retries == 3
+        d = SettingsContext(profile=own.profile, settings=own.settings)
+        assert d.settings is own.settings
+    finally:
+        if installed is None:
+            del SettingsContext.__init__
+        else:
+            SettingsContext.__init__ = installed
