@@ -42,6 +42,7 @@ import yaml
 from core.declare import REQUIRED, Experiment, Param
 from core.errors import ConfigError
 from flows import experiments
+from flows.config_axes import as_range, axis_length, axis_values, refuse_more_cells
 from flows.config_yaml import MAX_YAML_DEPTH, MAX_YAML_NODES, read_yaml  # noqa: F401 (config.read_yaml)
 
 DEFAULT_STORE = "results/{name}.zarr"
@@ -77,7 +78,6 @@ RUNNER = {
     "max_cells": Param(int, 100_000, "most grid cells (each is a dict in memory and a Prefect task input; "
                        "--max-cells raises it)", min=1),
 }
-CELLS_HARD_LIMIT = 10**7  # values one range / linspace axis may give (checked before it is expanded)
 
 
 @dataclasses.dataclass
@@ -159,38 +159,6 @@ class Config:
                 for axis, vals in self.grid.items()}
         return {"experiment": self.experiment, "name": self.name, "store": self.store, "grid": grid,
                 "params": self.params, "runner": self.runner, "description": self.description}
-
-
-def axis_values(field: str, values: Any) -> Any:
-    """A grid axis as written: a list, or ``{range: [start, stop]}`` / ``{range: [start, stop, step]}``
-    (integers, stop excluded, as Python's range) or ``{linspace: [first, last, n]}`` (n floats)."""
-    if not (isinstance(values, dict) and len(values) == 1 and set(values) <= {"range", "linspace"}):
-        return values
-    kind, args = next(iter(values.items()))
-    ints = kind == "range"
-    if not (isinstance(args, list) and len(args) in ((2, 3) if ints else (3,))
-            and all(isinstance(a, int if ints else (int, float)) and not isinstance(a, bool) for a in args)):
-        raise ConfigError(f"{field}.{kind}", "write range: [start, stop] or [start, stop, step] (integers)" if ints
-                          else "write linspace: [first, last, n] (numbers, n an integer)")
-    n = len(range(*args)) if ints and args[-1] != 0 else args[2] if not ints else 0
-    if not ints and not isinstance(args[2], int):
-        raise ConfigError(f"{field}.linspace", "n (the third value) must be an integer")
-    if not 0 < n <= CELLS_HARD_LIMIT:
-        raise ConfigError(f"{field}.{kind}", f"gives {n:,} values; allowed: 1 to {CELLS_HARD_LIMIT:,}")
-    if ints:
-        return list(range(*args))
-    first, last, n = args
-    return [first + (last - first) * i / (n - 1) if n > 1 else float(first) for i in range(n)]
-
-
-def as_range(values: list) -> dict | None:
-    """``{range: [start, stop, step]}`` for 16 or more integers in steps of one nonzero stride."""
-    if len(values) < 16 or not all(type(v) is int for v in values):
-        return None
-    step = values[1] - values[0]
-    if step == 0 or any(b - a != step for a, b in zip(values, values[1:])):
-        return None
-    return {"range": [values[0], values[-1] + step, step]}
 
 
 def coerce(field: str, p: Param, value: Any) -> Any:
@@ -312,6 +280,10 @@ def parse_one(raw: dict, text: str = "", source: str | None = None) -> Config:
     if not grid_raw:
         raise ConfigError("grid", "empty: name at least one parameter with a list of values; parameters: "
                           + ", ".join(exp.params))
+    runner = parse_runner(raw.get("runner"))
+    lengths = {key: axis_length(f"grid.{key}", v) for key, v in grid_raw.items() if key in exp.params}
+    if None not in lengths.values():  # counted before any value is expanded or checked (issue 42: a 10^7-cell
+        refuse_more_cells(lengths, runner)  # axis was refused after 171 s and 1.26 GB); else the loop says why
     grid: dict[str, list] = {}
     cases: dict[str, dict] = {}
     for key, values in grid_raw.items():
@@ -349,12 +321,6 @@ def parse_one(raw: dict, text: str = "", source: str | None = None) -> Config:
                 raise ConfigError(f"params.{key}", f"required ({p.doc}); allowed: {p.allowed()}")
             params[key] = p.default
 
-    runner = parse_runner(raw.get("runner"))
-    n_cells = math.prod(len(v) for v in grid.values())
-    if n_cells > runner["max_cells"]:
-        sizes = " x ".join(f"{len(v)} {k}" for k, v in grid.items())
-        raise ConfigError("grid", f"{n_cells:,} cells ({sizes}) is more than the limit of {runner['max_cells']:,} "
-                          f"(runner.max_cells); pass --max-cells {n_cells} if you mean it")
 
     for field in ("name", "store", "description"):
         if raw.get(field) is not None and not isinstance(raw[field], str):

@@ -19,7 +19,7 @@ import pydantic
 from core.declare import REQUIRED, Param
 
 STRICT = pydantic.ConfigDict(extra="forbid", populate_by_name=True)
-# A grid axis written as a range of integers or evenly spaced floats (flows/config.py axis_values).
+# A grid axis written as a range of integers or evenly spaced floats (flows/config_axes.py).
 Range = pydantic.create_model("Range", __config__=STRICT, range=(list[int], pydantic.Field(min_length=2, max_length=3)))
 Linspace = pydantic.create_model("Linspace", __config__=STRICT, linspace=(list[float], pydantic.Field(min_length=3,
                                                                                                       max_length=3)))

@@ -41,6 +41,26 @@ def test_a_bad_range_names_its_field(axis, field):
     assert err.value.field == field
 
 
+def test_too_many_cells_are_refused_before_any_value_is_made(monkeypatch):
+    """Issue 42: the cells are counted from the axes as written (a range's length, not its values):
+    a 10^7-cell grid is refused naming its sizes before one value is expanded or checked (it was
+    refused after 171 s and 1.26 GB); within the limit (--max-cells) the axes are expanded as before."""
+    from flows import config_axes
+
+    big = dict(BIG, grid={"model_seed": {"range": [0, 5_000_000]}, "d": [2, 3]})
+    big["params"] = {"estimator": "exact"}
+    expanded = []
+    monkeypatch.setattr(config, "axis_values", lambda f, v: expanded.append(f) or config_axes.axis_values(f, v))
+    with pytest.raises(ConfigError) as err:
+        config.parse(big)
+    assert err.value.field == "grid" and "10,000,000 cells (5000000 model_seed x 2 d)" in str(err.value)
+    assert expanded == []
+    small = dict(big, grid={"model_seed": {"range": [0, 50]}, "d": [2, 3]})
+    assert config.parse(small).n_cells == 100 and expanded == ["grid.model_seed", "grid.d"]
+    with pytest.raises(ConfigError, match="100 cells"):
+        config.parse(dict(small, runner={"max_cells": 99}))
+
+
 def test_a_hundred_thousand_cells_group_is_made_from_metadata(tmp_path):
     """One dask chunk per variable in the template: the group's arrays are made without writing or
     graphing a chunk per cell, so the new store holds only metadata and the coordinate."""
