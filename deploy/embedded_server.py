@@ -91,6 +91,7 @@ class EmbeddedServer:
         """The API URL once ``/health`` answers 200, within ``limit`` seconds; RuntimeError (with the
         process's exit status where it ended) if not."""
         until = time.monotonic() + limit
+        direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never through $HTTP_PROXY
         while time.monotonic() < until:
             status = self.process.poll()
             if status == PORT_IN_USE:  # another process took the port meanwhile: another one, as Prefect does
@@ -99,7 +100,7 @@ class EmbeddedServer:
             elif status is not None:
                 raise RuntimeError(f"the server process exited with status {status}.")
             try:
-                with urllib.request.urlopen(f"{self.api_url}/health", timeout=2) as answer:
+                with direct.open(f"{self.api_url}/health", timeout=2) as answer:
                     if answer.status == 200:
                         return self.api_url
             except (urllib.error.URLError, OSError):
