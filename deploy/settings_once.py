@@ -28,7 +28,7 @@ from __future__ import annotations
 import copy
 import json
 
-HYDRATED_KEPT = 16  # serialized settings remembered per worker (a run has one; a served worker sees a few)
+KEPT = 16  # settings remembered per process (a run has one; a served worker or the test suite sees a few)
 
 
 def install() -> bool:
@@ -47,6 +47,8 @@ def install() -> bool:
         key = (id(self), bool(include_secrets))
         held = made.get(key)
         if held is None or held[0] is not self:  # the context is kept with its result: its id is not reused
+            if len(made) >= KEPT:
+                made.clear()
             held = made[key] = (self, serialize(self, include_secrets=include_secrets))
         return copy.deepcopy(held[1])
 
@@ -75,7 +77,7 @@ def install_hydration() -> bool:
         if key in made:
             return init(self, **dict(zip(("profile", "settings"), made[key])))  # validated models pass as they are
         init(self, **data)
-        if len(made) >= HYDRATED_KEPT:
+        if len(made) >= KEPT:
             made.clear()
         made[key] = (self.profile, self.settings)
 
