@@ -1,5 +1,6 @@
 """kill -9 of the `kktlab run` process alone never leaves its embedded Prefect server listening
-(issue 29 item 9): a watchdog started with the server stops it when the run dies."""
+(issue 29 item 9): a watchdog started with the server stops it when the run dies. The run is killed
+once its server answers (it starts the server before it reads its config: issue 44)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,22 @@ def _command(proc: psutil.Process) -> str:
         return ""
 
 
+def _answers(server: psutil.Process | None) -> bool:
+    """Whether the embedded server process ``server`` answers on its port (``--port N``)."""
+    import urllib.request
+
+    cmd = _command(server) if server is not None else ""
+    if "--port " not in cmd:
+        return False
+    port = cmd.split("--port ")[1].split()[0]
+    try:
+        with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(
+                f"http://127.0.0.1:{port}/api/health", timeout=2) as answer:
+            return answer.status == 200
+    except OSError:
+        return False
+
+
 def test_embedded_server_dies_with_a_killed_run(cli, tmp_path, monkeypatch, prefect_home):
     import os
 
@@ -32,12 +49,13 @@ def test_embedded_server_dies_with_a_killed_run(cli, tmp_path, monkeypatch, pref
     server = watchdog = None
     try:
         deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and watchdog is None and proc.poll() is None:
+        while time.monotonic() < deadline and not _answers(server) and proc.poll() is None:
             kids = psutil.Process(proc.pid).children(recursive=True)
             server = next((k for k in kids if "uvicorn" in _command(k)), None)
-            watchdog = next((k for k in kids if "getppid" in _command(k)), None)  # once the server is up
+            watchdog = next((k for k in kids if "getppid" in _command(k)), None)  # started with the server
             time.sleep(0.2)
         assert server is not None and watchdog is not None, "no embedded server (and watchdog) started"
+        assert _answers(server), "the embedded server never answered"  # killed while it serves the run
     finally:
         proc.kill()  # kill -9 of the run alone, not its process group
         proc.wait()
