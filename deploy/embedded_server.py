@@ -14,15 +14,12 @@ import atexit
 import importlib.util
 import os
 import pathlib
-import random
-import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 
-PORTS = range(8000, 9000)  # as Prefect picks them
+from deploy import launch
+
 PORT_IN_USE = 3  # uvicorn's exit status when its port was taken meanwhile
 
 
@@ -53,23 +50,11 @@ def watch_parent(server_pid: int) -> None:
                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def _free_port() -> int:
-    for _ in range(50):
-        port = random.choice(PORTS)
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-                return port
-            except OSError:
-                continue
-    raise RuntimeError(f"no free port in {PORTS.start}-{PORTS.stop - 1} on 127.0.0.1")
-
-
 class EmbeddedServer:
     """One temporary Prefect API server process; :meth:`wait` until it answers, :meth:`stop` it."""
 
     def __init__(self):
-        self.port = _free_port()
+        self.port = launch.free_port()
         self.process = self._start()
         atexit.register(self.stop)  # a way out that never reached prefect_api's own stop
 
@@ -91,20 +76,15 @@ class EmbeddedServer:
         """The API URL once ``/health`` answers 200, within ``limit`` seconds; RuntimeError (with the
         process's exit status where it ended) if not."""
         until = time.monotonic() + limit
-        direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never through $HTTP_PROXY
         while time.monotonic() < until:
             status = self.process.poll()
             if status == PORT_IN_USE:  # another process took the port meanwhile: another one, as Prefect does
-                self.port = _free_port()
+                self.port = launch.free_port()
                 self.process = self._start()
             elif status is not None:
                 raise RuntimeError(f"the server process exited with status {status}.")
-            try:
-                with direct.open(f"{self.api_url}/health", timeout=2) as answer:
-                    if answer.status == 200:
-                        return self.api_url
-            except (urllib.error.URLError, OSError):
-                pass
+            if launch.answers(f"{self.api_url}/health"):
+                return self.api_url
             time.sleep(0.1)
         raise RuntimeError("Timed out while attempting to connect to ephemeral Prefect API server.")
 

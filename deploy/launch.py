@@ -87,18 +87,27 @@ def stop(proc: subprocess.Popen, grace: float = 3.0) -> None:
     proc.wait()
 
 
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never through $HTTP_PROXY
+
+
+def answers(url: str, timeout: float = 2) -> bool:
+    """Whether ``url`` answers 200 now."""
+    try:
+        with _DIRECT.open(url, timeout=timeout) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
 def wait_http(url: str, timeout: float = 120, say=None, say_every_s: float = 10.0) -> float:
     """Wait until ``url`` answers 200; returns the seconds it took. ``say(line)``: called every
     ``say_every_s`` while waiting (a Prefect server takes about a minute the first time: migrations)."""
     t0 = time.monotonic()
     deadline, said = t0 + timeout, t0
     while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=2) as r:
-                if r.status == 200:
-                    return time.monotonic() - t0
-        except OSError:
-            time.sleep(0.3)
+        if answers(url):
+            return time.monotonic() - t0
+        time.sleep(0.3)
         if say is not None and time.monotonic() - said >= say_every_s:
             said = time.monotonic()
             say(f"waiting for {url} to answer ({said - t0:.0f} s; a new Prefect server takes about a minute)")

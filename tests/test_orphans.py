@@ -24,18 +24,10 @@ def _command(proc: psutil.Process) -> str:
 
 def _answers(server: psutil.Process | None) -> bool:
     """Whether the embedded server process ``server`` answers on its port (``--port N``)."""
-    import urllib.request
+    from deploy import launch
 
     cmd = _command(server) if server is not None else ""
-    if "--port " not in cmd:
-        return False
-    port = cmd.split("--port ")[1].split()[0]
-    try:
-        with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(
-                f"http://127.0.0.1:{port}/api/health", timeout=2) as answer:
-            return answer.status == 200
-    except OSError:
-        return False
+    return "--port " in cmd and launch.answers(f"http://127.0.0.1:{cmd.split('--port ')[1].split()[0]}/api/health")
 
 
 def test_embedded_server_dies_with_a_killed_run(cli, tmp_path, monkeypatch, prefect_home):
