@@ -29,7 +29,7 @@ def _ga_lines(ds):
     others = [d for d in ds.dims if d not in ("alpha", "seed")]
     for combo in itertools.product(*(list(ds[d].values) for d in others)):
         sel = dict(zip(others, combo))
-        method, k = sel.get("method", _param(ds, "method", "ga")), sel.get("k", _param(ds, "k", 1))
+        method, k = sel.get("unlearn_method", _param(ds, "unlearn_method", "ga")), sel.get("k", _param(ds, "k", 1))
         if method in ("ga", "k_ga") and int(k) == 1:
             yield sel
 

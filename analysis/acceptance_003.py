@@ -31,7 +31,7 @@ def _tag(base: dict) -> str:
 
 def _slope_rows(ds: xr.Dataset, base: dict) -> list[Row]:
     variant = base.get("variant")
-    sel = dict(_fixed(ds, C0=10.0, method="single_step_exact"), **base)
+    sel = dict(_fixed(ds, C0=10.0, single_step_method="single_step_exact"), **base)
     acc_sel = dict(sel)
     if "m" in ds.dims:
         sel["m"] = int(ds["m"].max())
@@ -69,7 +69,7 @@ def _slope_rows(ds: xr.Dataset, base: dict) -> list[Row]:
 def _monotone_rows(ds: xr.Dataset, base: dict) -> list[Row]:
     if "C0" not in ds.dims or ds.sizes["C0"] < 2:
         return [skipped("E2", "increase in C0 of ||∇f||, η, ||δ*||", "monotone at every d", "one C0 only")]
-    sel = dict(_fixed(ds, method="single_step_exact"), **base)
+    sel = dict(_fixed(ds, single_step_method="single_step_exact"), **base)
     if "m" in ds.dims:
         sel["m"] = int(ds["m"].max())
     sub = ds.sel(sel)
@@ -87,7 +87,7 @@ def _fig7_row(ds: xr.Dataset) -> Row:
     if "variant" not in ds.dims or "raw" not in list(ds["variant"].values) or 784 not in list(ds["d"].values):
         return skipped("E3", "Fig 7: raw-variant median η at d = 784, m = 1e5, C0 = 10", "within 2x of 0.045",
                        "no raw d = 784 cells")
-    sel = dict(_fixed(ds, m=100000, C0=10.0, method="single_step_exact", data="mnist"), variant="raw", d=784)
+    sel = dict(_fixed(ds, m=100000, C0=10.0, single_step_method="single_step_exact", data="mnist"), variant="raw", d=784)
     eta = float(_mean(ds.sel(sel), "med_eta_star", ()))
     return Row("Fig 7: raw-variant median η", "E3", f"{eta:.4f} at {sel}", "within 2x of 0.045",
                None if math.isnan(eta) else 0.0225 <= eta <= 0.09, value=eta)
@@ -224,9 +224,9 @@ def ratios(flips: xr.Dataset, pgds: list[xr.Dataset], up: dict | None = None) ->
     full pgd groups reading the same stage, ``up`` that stage's fixed parameters. Dims: the flips
     group's, less its own axes."""
     f = flips.where(usable(flips))
-    if "method" in f.dims:
-        # a dict, not method=...: that is Dataset.sel's own keyword and would select nothing (issue 40)
-        f = f.sel({"method": "single_step_exact"}) if "single_step_exact" in f["method"].values else f.isel({"method": 0})
+    if "single_step_method" in f.dims:
+        f = (f.sel(single_step_method="single_step_exact") if "single_step_exact" in f["single_step_method"].values
+             else f.isel(single_step_method=0))
     if "deepfool" in f.dims:
         f = f.sel(deepfool=True)
     single = f["delta_rel"] * f["x_norm"]

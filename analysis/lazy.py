@@ -182,7 +182,7 @@ def single_step_figures(ds: xr.Dataset, out: pathlib.Path, prefix: str) -> list[
         name = {"raw": ("fig2", "fig3"), "unit": ("fig5", "fig6")}.get(v, ("fig2-5", "fig3-6"))
         if "data" in base:
             name = tuple(f"{n}_{base['data']}" for n in name)
-        fixed = dict(base, **_fixed(ds, method="single_step_exact"))
+        fixed = dict(base, **_fixed(ds, single_step_method="single_step_exact"))
         if "m" in ds.dims:
             paths += _panels(ds, out, prefix, "m", dict(fixed, **_fixed(ds, C0=10.0)), name[0])
         if "C0" in ds.dims and ds.sizes["C0"] > 1:

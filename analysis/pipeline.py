@@ -10,7 +10,7 @@ the figure has one panel row per setting.
 - **References once.** ``identity`` and ``retrain`` do not depend on α (their nets are the trained and
   the retrained ones, whatever α the grid crosses them with): each is drawn as one horizontal line with
   its interval band and written as one row (α "—"), read at the first α.
-- **Every reader accounted for.** A reader of an unlearn stage whose grid does not sweep ``method`` or
+- **Every reader accounted for.** A reader of an unlearn stage whose grid does not sweep ``unlearn_method`` or
   ``alpha`` takes them from the unlearn stage's parameters; one that cannot be drawn (an experiment
   without forgotten / retained numbers) is listed as not drawn, with why.
 - **A verdict only in its regime.** Paper 004's KKT attack (``reconstruct``) assumes a net near a KKT
@@ -63,7 +63,7 @@ def _identity(ds: xr.Dataset) -> dict:
 def readers_of_unlearn(store, scalars: dict | None = None) -> tuple[list[tuple[str, str, xr.Dataset, xr.Dataset]],
                                                                       list[str]]:
     """(group, experiment, dataset, its unlearn group) of every group reading an ``unlearn`` group's nets,
-    ``method`` and ``alpha`` always among its dims; and the readers not drawn, each with why. ``scalars``:
+    ``unlearn_method`` and ``alpha`` always among its dims; and the readers not drawn, each with why. ``scalars``:
     groups' :func:`storage.query.stage_scalars` a caller read already (``kktlab report``), by name."""
     read = dict(scalars or {})  # each group read once, however many stages read it
     out, skipped = [], []
@@ -89,26 +89,27 @@ def readers_of_unlearn(store, scalars: dict | None = None) -> tuple[list[tuple[s
 
 
 def _with_method_alpha(ds: xr.Dataset, unlearn: xr.Dataset) -> xr.Dataset:
-    """``ds`` with ``method`` and ``alpha`` as dims: an unlearn stage that does not sweep one holds it as a
+    """``ds`` with ``unlearn_method`` and ``alpha`` as dims: an unlearn stage that does not sweep one holds it as a
     parameter."""
     params = _identity(unlearn).get("params", {})
-    for dim in ("method", "alpha"):
+    params.setdefault("unlearn_method", params.get("method"))  # a store made before issue 40's rename
+    for dim in ("unlearn_method", "alpha"):
         if dim not in ds.dims:
             ds = ds.expand_dims({dim: [params[dim]]})
     return ds
 
 
 def summary(ds: xr.Dataset, var: str) -> xr.Dataset:
-    """:func:`storage.stats.aggregate` of ``var`` over the nets (seeds) per (method, alpha) and per setting
+    """:func:`storage.stats.aggregate` of ``var`` over the nets (seeds) per (unlearn_method, alpha) and per setting
     (every other axis kept: never pooled); usable cells only (done, not failed, not damaged, an ok
     status), finite values, the rest counted."""
     return aggregate(ds[var], (NETS,), usable=usable(ds), done=ds["done"]).compute()
 
 
 def settings(agg: xr.Dataset) -> list[dict]:
-    """Each setting of an aggregate (one value of every axis but method and alpha), in coordinate order;
+    """Each setting of an aggregate (one value of every axis but unlearn_method and alpha), in coordinate order;
     one empty setting where there is no other axis."""
-    dims = [d for d in agg.estimate.dims if d not in ("method", "alpha")]
+    dims = [d for d in agg.estimate.dims if d not in ("unlearn_method", "alpha")]
     return [dict(zip(dims, vals)) for vals in itertools.product(*(agg[d].values.tolist() for d in dims))]
 
 
@@ -122,7 +123,7 @@ def regime(unlearn: xr.Dataset) -> xr.Dataset:
     ‖θ − Σλ_i y_i∇N‖/‖θ‖ as the unlearn stage fitted it; one value per net, read at the first method and
     α) per setting of the unlearn stage's other axes: :func:`storage.stats.aggregate`, usable cells only;
     estimate NaN where none."""
-    first = unlearn.isel({"method": 0, "alpha": 0})  # (a dict: isel(method=...) reads as xarray's own keyword)
+    first = unlearn.isel({"unlearn_method": 0, "alpha": 0})
     return aggregate(first["eps1_rel"], (NETS,), usable=usable(first), done=first["done"], stat="median").compute()
 
 
@@ -160,11 +161,11 @@ def _entries(ds: xr.Dataset) -> list[tuple[str, float | None]]:
     """(method, α) of each row: the references once (α None: read at the first α), the others per α."""
     alphas = [float(a) for a in ds.alpha.values]
     return [(str(m), None) if str(m) in REFERENCES else (str(m), a)
-            for m in ds.method.values for a in (alphas[:1] if str(m) in REFERENCES else alphas)]
+            for m in ds.unlearn_method.values for a in (alphas[:1] if str(m) in REFERENCES else alphas)]
 
 
 def _pick(s: xr.Dataset, method: str, alpha: float | None, first: float) -> xr.Dataset:
-    return s.sel({"method": method, "alpha": first if alpha is None else alpha})  # sel(method=...): xarray's own
+    return s.sel(unlearn_method=method, alpha=first if alpha is None else alpha)
 
 
 def figure(g: str, exp: str, ds: xr.Dataset, out: pathlib.Path) -> pathlib.Path | None:
@@ -181,7 +182,7 @@ def figure(g: str, exp: str, ds: xr.Dataset, out: pathlib.Path) -> pathlib.Path 
     for row, setting in zip(axes, rows):
         for ax, (f_all, r_all, label) in zip(row, sums):
             f, r = _at(f_all, setting), _at(r_all, setting)
-            for i, method in enumerate(ds.method.values):
+            for i, method in enumerate(ds.unlearn_method.values):
                 colour = f"C{i}"  # the project palette (analysis/kktlab.mplstyle)
                 for s, style, what in ((f, "-", "forgotten"), (r, "--", "retained")):
                     if str(method) in REFERENCES:  # one line and its band: the same nets at every α
@@ -190,7 +191,7 @@ def figure(g: str, exp: str, ds: xr.Dataset, out: pathlib.Path) -> pathlib.Path 
                                   label=f"{method}: {what} (n={int(one.n)})")
                         ax.fill_between(span, float(one.lo), float(one.hi), color=colour, alpha=0.12, lw=0)
                         continue
-                    one = s.sel({"method": method})
+                    one = s.sel(unlearn_method=method)
                     ax.errorbar(alphas, one.estimate.values, yerr=yerr(one), fmt="o" + style, color=colour,
                                 capsize=3, ms=4, label=f"{method}: {what}")
             ax.set_xlabel("α (GA step as a fraction of λ_l)")
@@ -211,7 +212,7 @@ def unidentified(fit: xr.Dataset | None, setting: dict, eps: xr.Dataset | None) 
     (:func:`storage.stats.aggregate`), None where the group has no residual."""
     if eps is None or fit is None:
         return ""
-    res = _at(fit, setting).sel({"method": "identity"}).isel({"alpha": 0})
+    res = _at(fit, setting).sel(unlearn_method="identity").isel(alpha=0)
     r, e = float(res.estimate), float(eps.estimate)
     if not r <= FIT * e:
         return ""
@@ -239,7 +240,7 @@ def findings(g: str, exp: str, ds: xr.Dataset, eps: xr.Dataset | None = None) ->
         f_all, r_all = summary(ds, fvar), summary(ds, rvar)
         for setting in settings(f_all):
             f, r = _at(f_all, setting), _at(r_all, setting)
-            known = float(_pick(f, "identity", None, first).estimate) if "identity" in ds.method.values else math.nan
+            known = float(_pick(f, "identity", None, first).estimate) if "identity" in ds.unlearn_method.values else math.nan
             for mth, a in _entries(ds):
                 positive = None if mth == "identity" else known
                 at = _at(eps, setting) if eps is not None else None

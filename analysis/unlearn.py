@@ -140,7 +140,7 @@ def spec_figure(ds: xr.Dataset) -> str:
     """The spec figure an unlearn group's ε(α) panels draw (spec 001 §5): F001-4 for k-GA (a ``k``
     axis or a k_ga / sequential_ga method), F001-6 for D_MG nets (a test accuracy after unlearning),
     else F001-1."""
-    methods = {str(m) for m in ds["method"].values} if "method" in ds.coords else set()
+    methods = {str(m) for m in ds["unlearn_method"].values} if "unlearn_method" in ds.coords else set()
     if "k" in ds.dims or methods & {"k_ga", "sequential_ga"}:
         return "F001-4"
     if "test_acc_after" in ds and bool(np.isfinite(ds["test_acc_after"]).any()):

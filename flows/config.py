@@ -288,6 +288,7 @@ def parse_one(raw: dict, text: str = "", source: str | None = None) -> Config:
     cases: dict[str, dict] = {}
     for key, values in grid_raw.items():
         f = f"grid.{key}"
+        check_renamed(f, name, key)
         if key not in exp.params:
             raise ConfigError(f, f"unknown parameter of '{name}'; allowed: " + ", ".join(exp.params))
         check_axis_name(f, name, key)
@@ -310,6 +311,7 @@ def parse_one(raw: dict, text: str = "", source: str | None = None) -> Config:
     params = {}
     for key, value in params_raw.items():
         f = f"params.{key}"
+        check_renamed(f, name, key)
         if key not in exp.params:
             raise ConfigError(f, f"unknown parameter of '{name}'; allowed: " + ", ".join(exp.params))
         if key in grid:
@@ -360,5 +362,5 @@ def load(path: str | pathlib.Path, overrides: dict | None = None) -> Config:
 
 
 # the checks of a parsed config, in flows/config_checks.py (imported last: they use Config)
-from flows.config_checks import (SEL_KEYWORDS, check_address, check_axis_name, check_data,  # noqa: E402,F401
+from flows.config_checks import (SEL_KEYWORDS, check_address, check_axis_name, check_data, check_renamed,  # noqa: E402,F401
                                  check_fits, check_payload, check_stages, field_of)

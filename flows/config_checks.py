@@ -111,15 +111,23 @@ def check_stages(cfg) -> None:
 
 # The keywords of xarray's Dataset.sel / isel / DataArray.sel (tests/test_exports.py checks the list against
 # xarray): a dim of that name cannot be selected with ds.sel(name=...) (``method`` picks an inexact-match
-# rule instead, and ds.sel(method="ga") returns every method). Refused as grid axes, but for the axes of
-# configs and stores made before (KEYWORD_AXES: experiment, parameter), until they are renamed.
+# rule instead, and ds.sel(method="ga") returned every method). Refused as grid axes. unlearn's and
+# single_step's ``method`` were renamed (issue 40); stores made before are read with the new names
+# (storage/schema.py LEGACY_DIMS).
 SEL_KEYWORDS = ("drop", "indexers", "method", "missing_dims", "tolerance")
-KEYWORD_AXES = {("unlearn", "method"), ("single_step", "method")}
+RENAMED = {("unlearn", "method"): "unlearn_method", ("single_step", "method"): "single_step_method"}
+
+
+def check_renamed(field: str, experiment: str, key: str) -> None:
+    """A parameter renamed since (:data:`RENAMED`) is refused with its new name, in the grid or params."""
+    if (experiment, key) in RENAMED:
+        raise ConfigError(field, f"renamed '{RENAMED[experiment, key]}' (issue 40: an axis named '{key}' cannot be "
+                                 f"selected with ds.sel({key}=...), a keyword of xarray's Dataset.sel)")
 
 
 def check_axis_name(field: str, experiment: str, key: str) -> None:
-    """A grid axis named like a keyword of ``Dataset.sel`` is refused (but for :data:`KEYWORD_AXES`)."""
-    if key in SEL_KEYWORDS and (experiment, key) not in KEYWORD_AXES:
+    """A grid axis named like a keyword of ``Dataset.sel`` is refused."""
+    if key in SEL_KEYWORDS:
         raise ConfigError(field, f"a grid axis may not be named like a keyword of xarray's Dataset.sel / isel "
                                  f"({', '.join(SEL_KEYWORDS)}): ds.sel({key}=...) would not select on it; "
                                  f"name the parameter e.g. '{experiment}_{key}'")

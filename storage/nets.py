@@ -182,8 +182,9 @@ def cells_as_run(g: zarr.Group, indices: list[tuple[int, ...]]) -> list[dict]:
     the cell's coordinates and the config case of each coordinate (``cases`` in the group's identity,
     e.g. ``{seed: 1, variant: raw}``), never rebuilt from defaults."""
     ident = json.loads(g.attrs.get("kktlab_identity") or "{}")
-    dims = list(g[schema.DONE].metadata.dimension_names)
-    coords = {dim: np.asarray(g[dim][...]) for dim in dims}
+    stored = {d: np.asarray(g[d][...]) for d in g[schema.DONE].metadata.dimension_names}
+    coords = {schema.current_dim(d, v): v for d, v in stored.items()}  # issue 40's renames
+    dims = list(coords)
     out = []
     for idx in indices:
         cell = dict(ident.get("params", {}), **{dim: coords[dim][i].item() for dim, i in zip(dims, idx)})
@@ -254,8 +255,9 @@ def load_nets_at(path: str | pathlib.Path, group: str, indices: list[tuple[int, 
     if rebuild is None and "X" not in g:
         raise StoreError(f"group '{group}' of {path} keeps its training sets as indices into a data file; "
                          f"its producing experiment rebuilds them: use kktlab.load_nets (or pass rebuild=)")
-    dims = list(g[schema.DONE].metadata.dimension_names)
-    coords = {dim: np.asarray(g[dim][...]) for dim in dims}
+    stored = {d: np.asarray(g[d][...]) for d in g[schema.DONE].metadata.dimension_names}
+    coords = {schema.current_dim(d, v): v for d, v in stored.items()}  # issue 40's renames
+    dims = list(coords)
     coord = [{dim: coords[dim][i].item() for dim, i in zip(dims, idx)} for idx in indices]
     labels = [", ".join(f"{k}={v}" for k, v in c.items()) for c in coord]
     cells = cells_as_run(g, [tuple(i) for i in indices])  # the upstream cell as it was run, cases included
@@ -325,13 +327,14 @@ def select_indices(path: str | pathlib.Path, group: str, sel: dict) -> list[tupl
     import itertools
 
     g = zarr.open_group(str(pathlib.Path(path) / group), mode="r", zarr_format=3)
-    dims = list(g[schema.DONE].metadata.dimension_names)
+    stored = {d: [v.item() for v in np.asarray(g[d][...])] for d in g[schema.DONE].metadata.dimension_names}
+    coords = {schema.current_dim(d, values): values for d, values in stored.items()}  # issue 40's renames
+    dims = list(coords)
     unknown = sorted(set(sel) - set(dims))
     if unknown:
         raise StoreError(f"group '{group}' has no dim {unknown[0]!r}; its dims: {', '.join(dims)}")
     axes = []
-    for dim in dims:
-        values = [v.item() for v in np.asarray(g[dim][...])]
+    for dim, values in coords.items():
         if dim not in sel:
             axes.append(range(len(values)))
             continue

@@ -270,3 +270,24 @@ def encoding(ds: xr.Dataset) -> dict:
         if np.dtype(var.dtype).kind in "fiu":  # unwritten chunks read as the template's fill (int: -1,
             enc[name]["fill_value"] = fill_value(var.dtype)  # not zarr's default 0 = "running")
     return enc
+
+
+# Grid axes renamed by issue 40: an axis called ``method`` cannot be selected with ds.sel(method=...)
+# (a keyword of xarray's Dataset.sel). A store made before still holds ``method``: its readers see the new
+# name, told apart by the values (single_step's attacks are named single_step_*, unlearn's methods not).
+LEGACY_DIM = "method"
+
+
+def current_dim(dim: str, values) -> str:
+    """The name a reader uses for a stored dim: ``dim``, or the new name of a renamed one."""
+    if dim != LEGACY_DIM:
+        return dim
+    step = len(values) and all(str(v).startswith("single_step") for v in values)
+    return "single_step_method" if step else "unlearn_method"
+
+
+def current_dims(ds: xr.Dataset) -> xr.Dataset:
+    """``ds`` with a renamed dim (and its coordinate) under its new name; as it was otherwise."""
+    if LEGACY_DIM not in ds.dims:
+        return ds
+    return ds.rename({LEGACY_DIM: current_dim(LEGACY_DIM, ds[LEGACY_DIM].values)})

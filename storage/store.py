@@ -393,4 +393,5 @@ def _array_sound(apath: pathlib.Path, read_values: bool) -> bool:
 def open_dataset(path: str | pathlib.Path, group: str, dask: bool = True) -> xr.Dataset:
     """``dask=False``: lazily indexed NumPy-backed variables, no Dask graph (and no Dask import:
     ~1.5 s of a reading command's start-up; `kktlab show`)."""
-    return xr.open_zarr(str(path), group=group, consolidated=False, **({} if dask else {"chunks": None}))
+    ds = xr.open_zarr(str(path), group=group, consolidated=False, **({} if dask else {"chunks": None}))
+    return schema.current_dims(ds)  # a store made before issue 40's renames reads with the new names

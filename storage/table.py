@@ -107,10 +107,12 @@ def _units(ds: xr.Dataset, columns, vars) -> dict[str, dict[str, str]]:
 
 
 def _frame(table: xr.Dataset, keys: list[str]) -> pd.DataFrame:
-    """``table`` as rows: the ``keys`` columns first (sorted), then its variables in order."""
+    """``table`` as rows: the ``keys`` columns first, the rows in their order (the first key slowest: a
+    Dataset's ``to_dataframe`` otherwise orders rows by its dims' own order, not a transpose), then its
+    variables in order."""
     if not keys:
         return table.expand_dims("_row").to_dataframe().reset_index(drop=True)
-    return table.transpose(*keys).to_dataframe().reset_index()[keys + list(table.data_vars)]
+    return table.to_dataframe(dim_order=keys).reset_index()[keys + list(table.data_vars)]
 
 
 def _scalars(path, group):

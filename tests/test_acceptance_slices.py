@@ -221,7 +221,7 @@ def test_P001_4_shows_the_mean_over_l_and_the_app_e_reading():
                      "done": (("seed", "alpha"), np.ones((5, 4), bool)),
                      "feasible": (("seed", "alpha"), np.ones((5, 4), int))},
                     coords={"seed": np.arange(5), "alpha": alpha},
-                    attrs={"kktlab_identity": json.dumps({"params": {"forget": -2, "method": "ga", "k": 1}})})
+                    attrs={"kktlab_identity": json.dumps({"params": {"forget": -2, "unlearn_method": "ga", "k": 1}})})
     rows = p001_4(ds)
     assert [("mean over l" in r.criterion, "App. E" in r.criterion) for r in rows] == [(True, False), (False, True)]
     assert rows[0].passed and rows[0].value == 1.0 and "eps_mean" in rows[0].note

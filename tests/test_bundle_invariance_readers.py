@@ -80,7 +80,7 @@ def alone_and_bundled(name: str, kind: str, cells: list[dict], at: list[int]) ->
 UNLEARN = {
     "ga random l (App. E)": ("gauss", {"forget": -1}),
     "ga every l (bundle padded in m)": ("gauss", {"forget": -2}),
-    "k_ga": ("gauss", {"method": "k_ga", "k": 2, "forget": -1}),
+    "k_ga": ("gauss", {"unlearn_method": "k_ga", "k": 2, "forget": -1}),
     "retrain reference (init redrawn)": ("gauss", {"forget": -1, "ref_retrain": True, "retrain_epochs": 100}),
     "D_MG test points": ("d_mg", {"forget": -1, "test_points": 300}),
 }

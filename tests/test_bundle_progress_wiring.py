@@ -92,7 +92,7 @@ def run_train_kkt():
 
 
 def run_unlearn_retrain(nets):
-    cells = cells_of("unlearn", method="retrain", forget=0, retrain_epochs=250, store_nets=False)
+    cells = cells_of("unlearn", unlearn_method="retrain", forget=0, retrain_epochs=250, store_nets=False)
     cells = [dict(cells[0], **{k: nets.cells[0][v] for k, v in (("retrain_lr", "lr"), ("retrain_wd", "wd"),
                                                                   ("init_scale", "init_scale"))})]
     return experiments.get("unlearn").run_bundle(cells, "cpu", inputs=nets), 250

@@ -21,9 +21,9 @@ SEEDS = [0, 1, 2]
 
 
 def _group(values: dict, methods=("identity", "ga", "retrain"), alphas=(0.5, 1.0), **other) -> xr.Dataset:
-    """A reader group over (seed, method, alpha, *other): per variable a function (method, alpha, seed,
+    """A reader group over (seed, unlearn_method, alpha, *other): per variable a function (method, alpha, seed,
     **other) -> value."""
-    dims = {"seed": SEEDS, "method": list(methods), "alpha": list(alphas), **{k: list(v) for k, v in other.items()}}
+    dims = {"seed": SEEDS, "unlearn_method": list(methods), "alpha": list(alphas), **{k: list(v) for k, v in other.items()}}
     shape = tuple(len(v) for v in dims.values())
     data = {k: (tuple(dims), np.array([f(*at[1:3], at[0], **dict(zip(other, at[3:])))
                                        for at in itertools.product(*dims.values())]).reshape(shape))
@@ -141,7 +141,7 @@ def test_a_point_the_weights_do_not_determine_is_named_so(residual, said):
 def test_without_an_identity_entry_the_kkt_attack_judges_nothing_after_unlearning():
     """No attack on the original nets, no known positive: GA's and retrain's rows give no verdict (the
     difference attack, which needs none, is still judged)."""
-    ds = _recon(0.0).sel({"method": ["ga", "retrain"]})
+    ds = _recon(0.0).sel(unlearn_method=["ga", "retrain"])
     rows = pipeline.findings("recon", "reconstruct", ds, _eps(0.01))
     assert {r[7] for r in _rows(rows, "recovered", "ga") + _rows(rows, "recovered", "retrain")} == {
         "no verdict: no known positive (no identity entry: the attack on the original nets was not run)"}

@@ -58,8 +58,8 @@ def test_the_config_page_says_which_producers_unlearn_reads(gen):
     rows = {line.split("|")[1].strip(): line for line in table.splitlines() if line.startswith("| `")}
     assert "| yes |" in rows["`train_kkt`"]
     assert "| yes |" in rows["`train`"] and "`ref_retrain: True`" in rows["`train`"]
-    assert "`method: 'retrain'`" not in rows["`train`"]
-    assert "| yes |" in rows["`lazy_train`"] and "`method: 'retrain'`" in rows["`lazy_train`"]
+    assert "`unlearn_method: 'retrain'`" not in rows["`train`"]
+    assert "| yes |" in rows["`lazy_train`"] and "`unlearn_method: 'retrain'`" in rows["`lazy_train`"]
 
 
 def test_the_checkpoint_note_names_only_experiments_that_checkpoint(gen):

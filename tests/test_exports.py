@@ -160,8 +160,8 @@ def test_sel_keywords_are_xarray_s():
 
 
 def test_no_code_selects_a_keyword_axis_by_keyword():
-    """``ds.sel(method="ga")`` is xarray's inexact-match rule, not a selection on the ``method`` axis
-    (unlearn's and single_step's, kept for old stores): the package selects such axes with a dict."""
+    """``ds.sel(method="ga")`` is xarray's inexact-match rule, not a selection on a ``method`` axis: no
+    code of the package selects a keyword-named axis by keyword (none is left: issue 40's renames)."""
     import pathlib
     import re
 
@@ -175,8 +175,7 @@ def test_no_code_selects_a_keyword_axis_by_keyword():
 
 @pytest.mark.parametrize("key", ["tolerance", "drop", "method"])
 def test_a_grid_axis_named_like_a_sel_keyword_is_refused(monkeypatch, key):
-    """One line naming the field and the alternative; unlearn's and single_step's ``method`` stay
-    (existing configs and stores) until renamed."""
+    """One line naming the field and the alternative."""
     exp = experiments.get("nonrobust")
     monkeypatch.setitem(exp.params, key, config.Param(float, 1.0, "a test parameter"))
     with pytest.raises(ConfigError) as err:
@@ -184,6 +183,40 @@ def test_a_grid_axis_named_like_a_sel_keyword_is_refused(monkeypatch, key):
     msg = str(err.value)
     assert f"grid.{key}" in msg and f"'nonrobust_{key}'" in msg and "\n" not in msg
     config.parse({"experiment": "nonrobust", "grid": {"seed": [0]}, "params": {key: 2.0}})  # fixed: no dim
+
+
+
+@pytest.mark.parametrize("experiment, where, new", [("unlearn", "grid", "unlearn_method"),
+                                                    ("unlearn", "params", "unlearn_method"),
+                                                    ("single_step", "grid", "single_step_method")])
+def test_a_renamed_parameter_is_refused_with_its_new_name(experiment, where, new):
+    """Issue 40: unlearn's and single_step's ``method`` (an axis ds.sel(method=...) cannot select) are
+    ``unlearn_method`` / ``single_step_method``; an old config is told the new name, in one line."""
+    stage = {"name": "s", "experiment": experiment, "from": "t",
+             where: {"method": ["ga"] if where == "grid" else "ga"}}
+    if where == "params":
+        stage["grid"] = {"alpha": [1.0]}
+    raw = {"name": "c", "stages": [{"name": "t", "experiment": "train_kkt", "grid": {"seed": [0]}}, stage]}
+    with pytest.raises(ConfigError) as err:
+        config.parse(raw)
+    msg = str(err.value)
+    assert f"stages[1].{where}.method" in msg and f"renamed '{new}'" in msg and "\n" not in msg
+
+
+@pytest.mark.parametrize("values, new", [(["identity", "ga"], "unlearn_method"),
+                                         (["single_step_exact"], "single_step_method")])
+def test_a_store_made_before_the_rename_reads_with_the_new_name(tmp_path, values, new):
+    """A group written with a ``method`` dim (stores before issue 40) opens with its new name, which
+    ``load_nets``' selection (storage.nets.select_indices) takes too; by the values it holds."""
+    from storage import nets, schema, store
+
+    ds = xr.Dataset({schema.DONE: (("seed", "method"), np.ones((2, len(values)), bool))},
+                    coords={"seed": [0, 1], "method": values})
+    ds.to_zarr(tmp_path / "old.zarr", group="g", zarr_format=3, consolidated=False)
+    got = store.open_dataset(tmp_path / "old.zarr", "g")
+    assert list(got[schema.DONE].dims) == ["seed", new] and list(got[new].values) == values
+    assert got.sel({new: values[-1]})[schema.DONE].shape == (2,)
+    assert nets.select_indices(tmp_path / "old.zarr", "g", {new: values[-1], "seed": 1}) == [(1, len(values) - 1)]
 
 
 CHAIN = {"name": "c", "stages": [
@@ -235,7 +268,7 @@ def test_unlearn_figures_titled_with_their_spec_ids(tmp_path):
     base = {"seed": [0, 1, 2], "alpha": [0.0, 1.0]}
     assert unlearn.spec_figure(_unlearn_ds(**base)) == "F001-1"
     assert unlearn.spec_figure(_unlearn_ds(k=[1, 2], **base)) == "F001-4"
-    assert unlearn.spec_figure(_unlearn_ds(method=["k_ga"], **base)) == "F001-4"
+    assert unlearn.spec_figure(_unlearn_ds(unlearn_method=["k_ga"], **base)) == "F001-4"
     dmg = _unlearn_ds(**base).assign(test_acc_after=lambda d: d.eps * 0.9)
     assert unlearn.spec_figure(dmg) == "F001-6"
     common.take_records()

@@ -204,7 +204,7 @@ def test_p001_4_counts_only_nets_with_both_cells():
     ds = xr.Dataset({"eps_mean": (("seed", "alpha"), eps), "feasible": (("seed", "alpha"), feasible),
                      "done": (("seed", "alpha"), np.ones((4, 3), bool))},
                     coords={"seed": np.arange(4), "alpha": alpha},
-                    attrs={"kktlab_identity": json.dumps({"params": {"method": "ga", "k": 1}})})
+                    attrs={"kktlab_identity": json.dumps({"params": {"unlearn_method": "ga", "k": 1}})})
     row = a1.p001_4(ds)[0]
     assert row.passed and "ε(1)<ε(0) 100%" in row.measured and row.measured.endswith("n=3/4 nets"), row
 

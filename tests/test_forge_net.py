@@ -168,9 +168,9 @@ def test_identical_nets_get_identical_estimates_whatever_their_grid_coordinates(
     net differing in one bit of one weight, gets other ones (a stream keyed on the upstream cell's
     coordinates fails the first assertion, one keyed on nothing the last two)."""
     base = _nets().select([1])
-    base.cells = [{"seed": 0, "d": 2, "method": "identity", "alpha": 0.5}]
+    base.cells = [{"seed": 0, "d": 2, "unlearn_method": "identity", "alpha": 0.5}]
     other = _nets().select([1])
-    other.cells = [{"seed": 7, "d": 2, "method": "identity", "alpha": 1.0}]
+    other.cells = [{"seed": 7, "d": 2, "unlearn_method": "identity", "alpha": 1.0}]
     a = exp_mod.run_bundle([_cell(**CHEAP)], inputs=base)[0]
     b = exp_mod.run_bundle([_cell(**dict(CHEAP, points=3))], inputs=other)[0]
     assert np.isfinite(a["logvol"][:2]).all()

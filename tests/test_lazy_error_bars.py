@@ -95,14 +95,14 @@ def test_a_seed_left_out_is_not_counted(drawn, tmp_path):
 
 
 def test_pgd_lines_never_pool_a_chain_axis(drawn, tmp_path):
-    """Issue 40: a pgd group read from an unlearn stage has method and alpha axes: one line each,
+    """Issue 40: a pgd group read from an unlearn stage has unlearn_method and alpha axes: one line each,
     never their mean under a caption that says 'over seeds'."""
-    ds = _group({"method": ["identity", "ga"], "alpha": [0.5, 1.0], "R": R, "seed": [0, 1, 2]}, ("rta",))
+    ds = _group({"unlearn_method": ["identity", "ga"], "alpha": [0.5, 1.0], "R": R, "seed": [0, 1, 2]}, ("rta",))
     figs.pgd_figures(ds, tmp_path, "")
     (ax, title), = drawn
     assert len(_bars(ax)) == 4 and "n = 3 per point" in title
     bar = _bars(ax)[3][0]  # method ga, alpha 1.0, R = 0.1
-    one = ds.rta.sel({"method": "ga", "alpha": 1.0, "R": 0.1}).values
+    one = ds.rta.sel(unlearn_method="ga", alpha=1.0, R=0.1).values
     half = T975_2 * one.std(ddof=1) / np.sqrt(3)
     np.testing.assert_allclose(bar, [one.mean() - half, one.mean() + half], rtol=1e-12)
 

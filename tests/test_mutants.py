@@ -169,7 +169,7 @@ def _unlearn_cell_on_fixture_o(s: float, alpha: float):
 
     W, u, X, y = fixture_o(M, D, N, torch.Generator().manual_seed(0))
     one = lambda x: torch.tensor([x])  # noqa: E731
-    cell = dict({k: p.default for k, p in exp.P.items()}, method="ga", forget=0, k=1, alpha=alpha, test_points=0,
+    cell = dict({k: p.default for k, p in exp.P.items()}, unlearn_method="ga", forget=0, k=1, alpha=alpha, test_points=0,
                 ref_retrain=False, store_nets=True)
     out = unlearn((s * W)[None], torch.zeros(1, N), u[None], X[None], y[None], torch.ones(1, M, dtype=torch.bool),
                   one(D), one(M), one(N), torch.zeros(1, 2 * RNG_BYTES, dtype=torch.uint8), ["a"], [cell])
@@ -210,7 +210,7 @@ def test_unlearn_cell_eps_d_is_4mn_phi():
     X = X + 0.01 * torch.randn(X.shape, generator=torch.Generator().manual_seed(5))
     phi = max(abs(float(X[i] @ X[j])) for i in range(M) for j in range(M) if i != j)
     one = lambda x: torch.tensor([x])  # noqa: E731
-    cell = dict({k: p.default for k, p in exp.P.items()}, method="ga", forget=0, k=1, alpha=1.0, test_points=0,
+    cell = dict({k: p.default for k, p in exp.P.items()}, unlearn_method="ga", forget=0, k=1, alpha=1.0, test_points=0,
                 ref_retrain=False, store_nets=False)
     res = unlearn(W[None], torch.zeros(1, N), u[None], X[None], y[None], torch.ones(1, M, dtype=torch.bool),
                   one(D), one(M), one(N), torch.zeros(1, 2 * RNG_BYTES, dtype=torch.uint8), ["a"], [cell])[0]

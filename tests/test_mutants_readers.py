@@ -48,7 +48,7 @@ def test_single_step_medians_split_forgotten_and_retained_points_of_delta_star()
     from tasks.cells.single_step import attack
 
     W, b, v, X, y = _linear_nets()
-    cell = {"method": "single_step_exact", "deepfool": False}
+    cell = {"single_step_method": "single_step_exact", "deepfool": False}
     out = attack(W, b, v, None, None, X, y, N_TEST, torch.ones(2), [cell] * 2, chunk=6, forgotten=FORGOTTEN)
     np.testing.assert_allclose(out[0]["eta_star"], (DIST / 5).numpy(), rtol=1e-12)  # t* = |f|/‖∇f‖² = 5 dist/25
     np.testing.assert_allclose(out[0]["gnorm"], np.full(6, 5.0), rtol=1e-12)

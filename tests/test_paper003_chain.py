@@ -24,7 +24,7 @@ RUNNER = {"workers": 2, "bundle_size": 8}
 def lazy_chain(**over) -> dict:
     raw = {"name": "lazy003", "runner": dict(RUNNER), "stages": [
         {"name": "lazy", "experiment": "lazy_train", "grid": dict(GRID), "params": dict(LAZY)},
-        {"name": "flips", "experiment": "single_step", "from": "lazy", "grid": {"method": ["single_step_exact"]}},
+        {"name": "flips", "experiment": "single_step", "from": "lazy", "grid": {"single_step_method": ["single_step_exact"]}},
         {"name": "adv", "experiment": "adv_train", "grid": {"V": [0.1, 2.0], "R": [0.1], "seed": [0]},
          "params": dict(ADV)},
         {"name": "robust", "experiment": "pgd", "from": "adv", "grid": {"restarts": [1]}, "params": {"T2": 16}},
@@ -41,7 +41,7 @@ def lazy_chain(**over) -> dict:
 BAD = [
     ("E1 d not a square", {"s0.grid.d": [50]}, "stages[0].d", "not a square"),
     ("d too large for digits", {"s0.grid.d": [100], "s0.grid.data": ["digits"]}, "stages[0].d", "larger than"),
-    ("unknown attack", {"s1.grid.method": ["fgsm"]}, "stages[1].grid.method", "single_step_exact"),
+    ("unknown attack", {"s1.grid.single_step_method": ["fgsm"]}, "stages[1].grid.single_step_method", "single_step_exact"),
     ("negative budget", {"s3.params.R": -0.1}, "stages[3].params.R", ">= 0"),
     ("negative training budget", {"s2.grid.R": [-0.3]}, "stages[2].grid.R", ">= 0"),
     ("width beyond memory", {"s0.params.m": 10**6, "s0.grid.d": [784], "s0.grid.data": ["mnist"]},
@@ -86,7 +86,7 @@ def test_E1_chain_end_to_end_dims_and_lazy_ball(ran):
     assert [s["written"] for s in stats] == [8, 8, 2, 2] and all(s["failed"] == 0 for s in stats)
     lazy = open_results(ran / "chain.zarr", "lazy").load()
     flips = open_results(ran / "chain.zarr", "flips").load()
-    assert set(flips.delta_rel.dims) == {"data", "d", "C0", "seed", "method", "point"}
+    assert set(flips.delta_rel.dims) == {"data", "d", "C0", "seed", "single_step_method", "point"}
     assert dict(lazy.test_index.sizes)["test_sample"] == 64 and dict(lazy.W.sizes)["hidden"] == 64
     assert not {"X", "y", "X_test", "y_test", "W0"} & set(lazy.data_vars)  # indices + checksums, seeds: no copies
     assert (lazy.C0_reached <= lazy.C0).all() and bool(lazy.exited.all())
@@ -111,7 +111,7 @@ def test_stored_single_steps_recompute_from_the_stored_nets(ran):
     r = single_step_exact(TwoLayer(n.W, n.b, n.v), n.extra["X_test"])
     for e, cell in enumerate(n.cells):
         coords = {k: v for k, v in cell.items() if k in flips.eta_star.dims}  # cells also hold fixed params
-        stored = flips.eta_star.sel({**coords, "method": "single_step_exact"}).values
+        stored = flips.eta_star.sel({**coords, "single_step_method": "single_step_exact"}).values
         np.testing.assert_allclose(r.t_star[e].numpy(), stored, rtol=1e-12, atol=0)
     assert (n.extra["W0"].shape == n.W.shape) and n.extra["X_test"].shape[1] == 64
 

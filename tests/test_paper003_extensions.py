@@ -31,12 +31,12 @@ def chain() -> dict:
         # X2: d = 16 with m = ceil(16^2.4) = 777
         {"name": "lazy_x2", "experiment": "lazy_train", "grid": {"d": [{"d": 16, "m": 777}], "C0": [10.0], "seed": [0]},
          "params": dict(LAZY, m=1000)},
-        {"name": "flips_x2", "experiment": "single_step", "from": "lazy_x2", "grid": {"method": ["single_step_exact"]}},
+        {"name": "flips_x2", "experiment": "single_step", "from": "lazy_x2", "grid": {"single_step_method": ["single_step_exact"]}},
         # X4: no exit rule, the trajectory read at three step counts, lr 0.1 and 1
         {"name": "lazy_x4", "experiment": "lazy_train", "grid": {"max_steps": [30, 300, 1000], "lr": [0.1, 1.0]},
          "params": {**{k: v for k, v in LAZY.items() if k not in ("lr", "max_steps")}, "d": 64, "C0": 6.0,
                     "exit_rule": False}},
-        {"name": "flips_x4", "experiment": "single_step", "from": "lazy_x4", "grid": {"method": ["single_step_exact"]}},
+        {"name": "flips_x4", "experiment": "single_step", "from": "lazy_x4", "grid": {"single_step_method": ["single_step_exact"]}},
         # X5: raw pixels (big margins) at C0 = 20 (not reached in 1000 steps), two resamplings; PGD with
         # normalised vs raw steps
         {"name": "lazy_x5", "experiment": "lazy_train", "grid": {"resample": ["bilinear", "nearest"], "seed": [0]},
@@ -46,7 +46,7 @@ def chain() -> dict:
         # X7: paper 001's gradient-ascent unlearning and paper 004's KKT reconstruction on a lazy net
         {"name": "lazy_x7", "experiment": "lazy_train", "grid": {"seed": [0]},
          "params": {**LAZY, "d": 16, "n_train": 40, "batch_size": 20, "C0": 10.0}},
-        {"name": "unlearn_x7", "experiment": "unlearn", "from": "lazy_x7", "grid": {"method": ["ga"]}},
+        {"name": "unlearn_x7", "experiment": "unlearn", "from": "lazy_x7", "grid": {"unlearn_method": ["ga"]}},
         {"name": "recon_x7", "experiment": "reconstruct", "from": "lazy_x7", "grid": {"restart": [0]},
          "params": {"n_candidates": 80, "steps": 300}},
     ]}
@@ -251,19 +251,18 @@ def test_X3_ratio_planted_best_attack_and_the_V_star_cut():
 
 
 def test_X3_ratio_reads_the_exact_single_step_of_a_method_axis():
-    """A flips group with a ``method`` axis: the ratio takes the ``single_step_exact`` cells only (a
-    ``sel(method=...)`` would pick xarray's inexact-match rule and pool both methods)."""
+    """A flips group with a ``single_step_method`` axis: the ratio takes the ``single_step_exact`` cells only."""
     import xarray as xr
 
     from analysis import acceptance_003 as x3
 
     methods, ts = ["bisection", "single_step_exact"], [0, 1]
     flips = xr.Dataset({
-        "delta_rel": (("method", "point"), [[0.4, 0.4], [0.2, 0.3]]),
-        "x_norm": (("method", "point"), np.ones((2, 2))),
-        "delta_deepfool": (("method", "point"), np.full((2, 2), 0.1)),
-        "correct": (("method", "point"), np.ones((2, 2))),
-        "done": (("method",), [True, True])}, coords={"method": methods, "point": ts})
+        "delta_rel": (("single_step_method", "point"), [[0.4, 0.4], [0.2, 0.3]]),
+        "x_norm": (("single_step_method", "point"), np.ones((2, 2))),
+        "delta_deepfool": (("single_step_method", "point"), np.full((2, 2), 0.1)),
+        "correct": (("single_step_method", "point"), np.ones((2, 2))),
+        "done": (("single_step_method",), [True, True])}, coords={"single_step_method": methods, "point": ts})
     r = x3.ratios(flips, [])
-    assert "method" not in r.dims
+    assert "single_step_method" not in r.dims
     np.testing.assert_allclose(r.values, [2.0, 3.0], rtol=1e-12)

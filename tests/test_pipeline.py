@@ -48,7 +48,7 @@ REFUSED = [
     ("train -> unlearn ref_retrain", (TRAIN, UNLEARN | {"params": {"forget": 0, "ref_retrain": True}}),
      "stages[1].from", "needs nets that trained W or W+b"),  # train -> unlearn ga / identity / k_ga / retrain:
     # admitted (tests/test_unlearn_full.py, tests/test_unlearn_retrain_train.py)
-    ("lazy_train -> unlearn retrain", (LAZY_RAW, UNLEARN | {"grid": {"method": ["retrain"]}}), "stages[1].from",
+    ("lazy_train -> unlearn retrain", (LAZY_RAW, UNLEARN | {"grid": {"unlearn_method": ["retrain"]}}), "stages[1].from",
      "needs nets of train or train_kkt"),
     ("train_kkt -> universal_attack", (TRAIN_KKT, reader("universal_attack")), "stages[1].from",
      "needs nets that trained W+b+v"),
@@ -105,7 +105,7 @@ OUT_OF_RANGE = [  # (upstream params/grid, unlearn params/grid, field, message):
      "7 is out of range for upstream 'nets' with m = 3 (allowed -2..2"),
     ({"grid": {"seed": [0], "m": [5, 3]}}, {"params": {"forget": 4}}, "stages[1].params.forget",
      "4 is out of range for upstream 'nets' with m = 3 at its smallest (allowed -2..2"),
-    ({}, {"params": {"forget": 0, "method": "k_ga", "k": 3}}, "stages[1].params.k",
+    ({}, {"params": {"forget": 0, "unlearn_method": "k_ga", "k": 3}}, "stages[1].params.k",
      "3 points forgotten at once leave no retained point of upstream 'nets' with m = 3 (allowed 1..2)"),
     ({"experiment": "lazy_train", "params": {"data": "digits", "variant": "raw", "d": 16, "m": 16, "n_train": 64,
                                              "batch_size": 8}},
@@ -166,7 +166,7 @@ def _biased_net(seed: int = 0, n: int = 16, d: int = 8, m: int = 12):
 def _unlearn(W, b, v, X, y, train_bias, **cell):
     from tasks.cells.unlearn import unlearn
 
-    c = dict(method="ga", alpha=1.0, forget=0, k=1, forget_seed=0, model="two_layer", loss="logistic", tie_tol=1e-9,
+    c = dict(unlearn_method="ga", alpha=1.0, forget=0, k=1, forget_seed=0, model="two_layer", loss="logistic", tie_tol=1e-9,
              ref_retrain=False, init_scale=1e-5, retrain_lr=1.0, retrain_wd=0.0, retrain_epochs=1, test_points=0,
              mu_a=0.1, mu_scaling="sec6", store_nets=True) | cell
     E, M, D = X.shape
@@ -189,7 +189,7 @@ def test_unlearned_net_is_stored_with_its_bias_and_forgotten_point():
     forgotten mask names point 0, and identity hands the net on unchanged."""
     W, b, v, X, y, _ = _biased_net(1)
     ga = _unlearn(W, b, v, X, y, True)
-    same = _unlearn(W, b, v, X, y, True, method="identity")
+    same = _unlearn(W, b, v, X, y, True, unlearn_method="identity")
     assert ga["nets_stored"] == 1 and list(ga["forgotten"]) == [1] + [0] * (X.shape[1] - 1)
     assert abs(ga["b"] - b[0].numpy()).max() > 1e-6 and abs(ga["W"] - W[0].numpy()).max() > 1e-6
     assert (same["W"] == W[0].numpy()).all() and (same["b"] == b[0].numpy()).all()
@@ -265,7 +265,7 @@ def test_single_step_init_diagnostics_are_on_the_init_net():
     W, b = W0 + 0.3 * r(E, m, d), b0 + 0.5 * r(E, m)
     v = (torch.randint(0, 2, (E, m), generator=g).double() * 2 - 1) / math.sqrt(m)
     y = torch.ones(E, nt, dtype=torch.float64)
-    cell = {"method": "single_step_exact", "deepfool": False}
+    cell = {"single_step_method": "single_step_exact", "deepfool": False}
     out = attack(W, b, v, W0, b0, X, y, torch.full((E,), nt), torch.ones(E), [cell] * E, chunk=nt)
     pre0 = X @ W0.transpose(1, 2) + b0[:, None]
     f0 = (torch.relu(pre0) * v[:, None]).sum(-1)

@@ -27,7 +27,7 @@ SEEDS = [0, 1]
 RAW = {"name": "pipeline-test", "runner": {"workers": 2, "bundle_size": 1}, "stages": [
     {"name": "nets", "experiment": "train_kkt", "grid": {"seed": SEEDS},
      "params": {"d": 10, "m": 4, "width": 8, "epochs": 3000, "lr": 1.0, "wd": 0.0, "init_scale": 1.0e-3}},
-    {"name": "gone", "experiment": "unlearn", "from": "nets", "grid": {"method": ["identity", "ga"], "alpha": [1.0]},
+    {"name": "gone", "experiment": "unlearn", "from": "nets", "grid": {"unlearn_method": ["identity", "ga"], "alpha": [1.0]},
      "params": {"forget": 0}},
     {"name": "recon", "experiment": "reconstruct", "from": "gone", "grid": {"radius": [1.0]},
      "params": {"n_candidates": 8, "steps": 100, "lr_x": 0.001, "lr_lam": 0.05, "lam_min": 0.0}},
@@ -51,7 +51,7 @@ def group(root, name: str):
 
 def test_dims_are_the_upstream_dims_then_the_own_axes(ran):
     gone = list(group(ran, "gone")[schema.DONE].dims)
-    assert gone[0] == "seed" and sorted(gone[1:]) == ["alpha", "method"]
+    assert gone[0] == "seed" and sorted(gone[1:]) == ["alpha", "unlearn_method"]
     own = {"recon": ["radius"], "step": ["points"], "pgd": ["R"], "forge": ["eps"]}
     for name in READERS:
         ds = group(ran, name)
@@ -73,7 +73,7 @@ def test_unlearned_nets_load_as_trained_ones_and_reproduce_the_stored_accuracies
     gone = group(ran, "gone")
     trained = load_nets(ran / "chain.zarr", "nets")
     for method in ("identity", "ga"):
-        nets = load_nets(ran / "chain.zarr", "gone", method=method, alpha=1.0)
+        nets = load_nets(ran / "chain.zarr", "gone", unlearn_method=method, alpha=1.0)
         assert [c.trained for c in nets.contracts] == [frozenset({"W"})] * len(SEEDS)
         f = (torch.relu(nets.X @ nets.W.transpose(1, 2) + nets.b[:, None]) * nets.v[:, None]).sum(-1)
         right = (nets.y * f > 0) & nets.mask
@@ -81,7 +81,7 @@ def test_unlearned_nets_load_as_trained_ones_and_reproduce_the_stored_accuracies
         assert forgotten[:, 0].all() and forgotten.sum() == len(SEEDS)
         acc_retained = (right & ~forgotten).sum(1).double() / (nets.mask & ~forgotten).sum(1)
         acc_forgotten = (right & forgotten).sum(1).double() / forgotten.sum(1)
-        cells = gone.sel({"method": method, "alpha": 1.0})
+        cells = gone.sel(unlearn_method=method, alpha=1.0)
         np.testing.assert_allclose(acc_retained.numpy(), cells.train_acc_after.values, atol=1e-12)
         np.testing.assert_allclose(acc_forgotten.numpy(), cells.forget_acc_after.values, atol=1e-12)
         if method == "identity":

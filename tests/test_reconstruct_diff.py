@@ -120,7 +120,7 @@ def trained() -> Nets:
 def attacked(method: str) -> list[dict]:
     """Forget point 2 of each net by ``method`` (α = 1), then attack the pair (before, after)."""
     before = trained()
-    ucells = [dict(defaults("unlearn"), method=method, forget=2, alpha=1.0, init_scale=TRAIN["init_scale"],
+    ucells = [dict(defaults("unlearn"), unlearn_method=method, forget=2, alpha=1.0, init_scale=TRAIN["init_scale"],
                    retrain_lr=TRAIN["lr"], retrain_wd=TRAIN["wd"], retrain_epochs=TRAIN["epochs"])] * len(SEEDS)
     after = as_nets(experiments.get("unlearn").run_bundle(ucells, "cpu", inputs=before), ucells, forgotten=True)
     after.before = before
@@ -173,7 +173,7 @@ def test_a_cell_is_the_same_alone_and_bundled():
     from conftest import mismatches
 
     before = trained()
-    ucells = [dict(defaults("unlearn"), method="ga", forget=2, alpha=1.0)] * len(SEEDS)
+    ucells = [dict(defaults("unlearn"), unlearn_method="ga", forget=2, alpha=1.0)] * len(SEEDS)
     after = as_nets(experiments.get("unlearn").run_bundle(ucells, "cpu", inputs=before), ucells, forgotten=True)
     after.before = before
     exp, c = experiments.get("reconstruct_diff"), dict(defaults("reconstruct_diff"), n_candidates=2)
@@ -185,7 +185,7 @@ def test_a_cell_is_the_same_alone_and_bundled():
 # --- the wiring: config-time refusal, and the net before read from the store -----------------------
 
 def chain(source: str = "unlearned", alphas=None) -> dict:
-    grid = {"method": ["identity", "ga"], **({"alpha": alphas} if alphas else {})}
+    grid = {"unlearn_method": ["identity", "ga"], **({"alpha": alphas} if alphas else {})}
     return {"name": "diff", "stages": [
         {"name": "nets", "experiment": "train_kkt", "grid": {"seed": [0]}, "params": dict(TRAIN)},
         {"name": "unlearned", "experiment": "unlearn", "from": "nets", "grid": grid, "params": {"forget": 2}},
@@ -240,7 +240,7 @@ def test_in_a_store_the_reader_gets_the_net_before_from_the_unlearn_stages_upstr
     is read once and its result given to both cells (issue 39: references computed once), the GA
     nets once each."""
     _, out, computed = in_process
-    by = out["diff"]  # dims (seed, method, alpha, rho)
+    by = out["diff"]  # dims (seed, unlearn_method, alpha, rho)
     assert sorted(by) == [(0, m, a, 0) for m in (0, 1) for a in (0, 1)]
     assert len(computed) == 3  # identity once for both α, ga at each α
     assert by[(0, 0, 0, 0)]["status"] == by[(0, 0, 1, 0)]["status"] == cell.UNCHANGED  # identity
@@ -263,7 +263,7 @@ def test_a_reader_failed_by_its_upstream_is_stale_once_that_cell_is_no_longer_fa
     up, reader, own = (0, 1, 1), (0, 1, 1, 0), (0, 1, 0, 0)  # seed 0, ga, α = 1 (and α = 0.5), rho 0.3
     Store(path, "unlearned").write_failed(up, "LinAlgError: boom", force=True)
     diff = Store(path, "diff")
-    diff.write_failed(reader, "upstream cell (seed=0, method=ga, alpha=1.0) failed: LinAlgError: boom", force=True)
+    diff.write_failed(reader, "upstream cell (seed=0, unlearn_method=ga, alpha=1.0) failed: LinAlgError: boom", force=True)
     diff.write_failed(own, "RuntimeError: its own", force=True)
     assert stale_cells(path, "diff").cells == []
     Store(path, "unlearned").mark_not_done([up])

@@ -206,7 +206,7 @@ def test_chain_findings_count_nets_not_radii():
     never averaged), each n = 3 nets with the t interval over them."""
     from analysis import pipeline
 
-    dims = {"seed": [0, 1, 2], "method": ["ga"], "alpha": [1.0], "R": [0.05, 0.2]}
+    dims = {"seed": [0, 1, 2], "unlearn_method": ["ga"], "alpha": [1.0], "R": [0.05, 0.2]}
     x = np.array([[1.0, 3.0], [2.0, 8.0], [6.0, 4.0]])[:, None, None, :]
     ds = _chain_group("rta_forgotten", dims, x).assign(rta_retained=lambda d: d.rta_forgotten * 0 + 1.0)
     rows = pipeline.findings("pgd", "pgd", ds)

@@ -55,6 +55,14 @@ def test_stats_selection_and_kept_dims(store):
     assert kktlab.table(store, vars="c_star", by="d", stat="count").c_star.tolist() == [3, 2, 2]
 
 
+
+def test_rows_follow_the_order_of_by(store):
+    """The first ``by`` name varies slowest, whatever the group's own dim order (issue 40: the same
+    query's rows came in another order once a dim was renamed)."""
+    df = kktlab.table(store, vars="c_star", by=["seed", "d"], over=[])
+    assert list(df.columns[:2]) == ["seed", "d"]
+    assert df[["seed", "d"]].values.tolist() == [[s, d] for s in SEEDS for d in D]
+
 @pytest.mark.parametrize("kw, field", [({"vars": "nope"}, "--vars"), ({"by": "width"}, "--by"),
                                        ({"over": "alpha"}, "--over"), ({"stat": "mode"}, "--stat"),
                                        ({"where": "d"}, "--where"), ({"where": "zz=1"}, "--where")])

@@ -74,17 +74,17 @@ def test_unlearn_forgets_a_chosen_index_list():
                 torch.stack([torch.as_tensor(np.asarray(o["batch_rng_state"])) for o in out]).to(torch.uint8),
                 cells, ["", ""])
     un = experiments.get("unlearn")
-    ucells = [dict(defaults("unlearn"), method="k_ga", forget_set="7, 2", alpha=1.0, init_scale=1e-3)] * 2
+    ucells = [dict(defaults("unlearn"), unlearn_method="k_ga", forget_set="7, 2", alpha=1.0, init_scale=1e-3)] * 2
     res = un.run_bundle(ucells, "cpu", inputs=nets)
     for r in res:
         assert np.flatnonzero(np.asarray(r["forgotten"])).tolist() == [2, 7]
         assert np.isfinite(r["eps"]) and r["m_used"] == 10
-    one = un.run_bundle([dict(ucells[0], method="ga", forget_set="4")] * 2, "cpu", inputs=nets)
+    one = un.run_bundle([dict(ucells[0], unlearn_method="ga", forget_set="4")] * 2, "cpu", inputs=nets)
     assert np.flatnonzero(np.asarray(one[0]["forgotten"])).tolist() == [4]
     # config time: out of range for the upstream's m, malformed, or a set for one-point 'ga': one line each
     assert un.check_points(dict(ucells[0], forget_set="3, 10"), 10)[0] == "forget_set"
     assert un.check_points(dict(ucells[0], forget_set="3, 9"), 10) is None
     for bad in ("3, x", "3, 3", "-1", "2, 5"):
         with pytest.raises(ConfigError) as err:
-            un.check(dict(ucells[0], method="ga", forget_set=bad))
+            un.check(dict(ucells[0], unlearn_method="ga", forget_set=bad))
         assert err.value.field == "forget_set"

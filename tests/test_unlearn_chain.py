@@ -45,15 +45,15 @@ def store(store_path):
 
 
 def ga(v):
-    """The method = 'ga' slice, without the method dim."""
-    return v.isel(method=list(v.method.values).index("ga"))
+    """The unlearn_method = 'ga' slice, without that dim."""
+    return v.sel(unlearn_method="ga")
 
 
 @pytest.mark.slow
 def test_chain_groups_dims_and_every_cell_done(store):
     assert set(CLI_STAGES) <= set(store.children)
     sweep = store["sweep"].to_dataset()
-    assert sweep.done.dims[0] == "seed" and set(sweep.done.dims) == {"seed", "method", "alpha"}  # upstream dims first
+    assert sweep.done.dims[0] == "seed" and set(sweep.done.dims) == {"seed", "unlearn_method", "alpha"}  # upstream dims first
     for g in ("sweep", "linear"):
         assert bool(store[g].to_dataset().done.all()), g
     assert sweep.eps_l.sizes["sample"] == 10 and bool(np.isfinite(sweep.eps_l).all())  # forget = -2: every l
@@ -151,7 +151,7 @@ def test_F001_4_k_ga_and_sequential_ga_on_trained_nets():
     train = dict(d=200, m=10, width=64, epochs=1000, lr=1.0)
     res = {}
     for method in ("k_ga", "sequential_ga"):
-        cells = [dict(method=method, k=3, forget=-2, seed=s, alpha=a) for s in range(3) for a in (0.0, 1.0)]
+        cells = [dict(unlearn_method=method, k=3, forget=-2, seed=s, alpha=a) for s in range(3) for a in (0.0, 1.0)]
         res[method] = _direct(train, cells)
     kga = res["k_ga"]
     assert np.mean([o1["eps_mean"] < o0["eps_mean"] for o0, o1 in zip(kga[0::2], kga[1::2])]) >= 2 / 3
@@ -181,7 +181,7 @@ def _with(stage: int, **kw) -> dict:
     (_with(0, **{"params.data": "orthonormal", "params.m": 30}), "stages[0].data"),
     (_with(1, **{"params.retrain_lr": 0.5}), "stages[1].params.retrain_lr"),
     (_with(1, **{"grid.mu_a": [0.1, 0.2]}), "stages[1].grid.mu_a"),
-    (_with(1, **{"grid.method": [{"method": "retrain", "retrain_lr": 0.5}]}), "stages[1].grid.method"),
+    (_with(1, **{"grid.unlearn_method": [{"unlearn_method": "retrain", "retrain_lr": 0.5}]}), "stages[1].grid.unlearn_method"),
 ], ids=["alpha<0", "k=0", "forget=-3", "train stored no nets", "orthonormal m>d",
         "retrain_lr is the train stage's lr", "mu_a is the train stage's", "nor in a case"])
 def test_bad_config_names_the_field(raw, field):
@@ -214,8 +214,8 @@ def _cell(**kw):
 
 @pytest.mark.parametrize("kw,v_scale,match", [
     (dict(forget=6), None, "^forget: index 6 is out of range"),
-    (dict(k=6, method="k_ga"), None, "^k: forgetting k = 6 of m = 6"),
-    (dict(k=2, method="ga"), None, "^k: method 'ga' forgets one point"),
+    (dict(k=6, unlearn_method="k_ga"), None, "^k: forgetting k = 6 of m = 6"),
+    (dict(k=2, unlearn_method="ga"), None, "^k: method 'ga' forgets one point"),
     (dict(), True, "^model: unlearn needs nets with a frozen"),
     (dict(model="linear"), None, "^model: 'linear' needs width-1 nets"),
 ], ids=["forget out of range", "k >= m", "ga with k > 1", "not a frozen output layer", "linear model on a net"])

@@ -73,7 +73,7 @@ def _cells(method, alphas, forget=0):
     from flows import experiments
 
     full = {k: p.default for k, p in experiments.get("unlearn").params.items()}
-    return [dict(full, method=method, alpha=a, forget=forget) for a in alphas]
+    return [dict(full, unlearn_method=method, alpha=a, forget=forget) for a in alphas]
 
 
 def _call(W, b, v, X, y, cells, blocks=("W", "b", "v")):
@@ -101,7 +101,7 @@ def test_identity_stores_theta_and_ga_stores_the_step():
         assert out["lam_l"] == pytest.approx(float(r["lam"][0, 0]), rel=1e-12)
         assert out["eps1_rel"] == pytest.approx(float(r["eps_rel"][0]), rel=1e-12)
         assert out["violated"] == 1 << 9 and out["preconditions_met"] == 0 and math.isnan(out["bound_eps"])
-    with pytest.raises(ValueError, match="method: 'retrain' needs the producer's training"):
+    with pytest.raises(ValueError, match="unlearn_method: 'retrain' needs the producer's training"):
         _call(W, b, v, X, y, _cells("retrain", [1.0]))  # (the flow hands it: tests/test_unlearn_retrain_train.py)
 
 

@@ -29,7 +29,7 @@ def ran(run_chain):
     raw = yaml.safe_load(CONFIG.read_text())
     raw.pop("store")
     raw["stages"][0]["grid"]["seed"] = [0, 1]
-    raw["stages"][1]["grid"] = {"method": ["identity", "ga"], "alpha": [1.0]}
+    raw["stages"][1]["grid"] = {"unlearn_method": ["identity", "ga"], "alpha": [1.0]}
     raw["stages"][2]["grid"] = {"radius": [0.1], "restart": [0]}
     raw["runner"] = {"workers": 2, "bundle_size": 1}
     return run_chain(raw, "unlearn-reconstruct")
@@ -37,7 +37,7 @@ def ran(run_chain):
 
 def test_known_positive_then_the_forgotten_point_is_no_longer_recovered(ran):
     att = open_results(ran / "chain.zarr", "attack").sel(radius=0.1, restart=0, alpha=1.0)
-    ident, ga = att.sel({"method": "identity"}), att.sel({"method": "ga"})
+    ident, ga = att.sel(unlearn_method="identity"), att.sel(unlearn_method="ga")
     assert (ident.recovered_forgotten.values == 1).all() and (ident.dist_forgotten.values < 0.3).all()
     assert (ga.recovered_forgotten.values == 0).all() and (ga.dist_forgotten.values > 0.5).all()
     assert (ga.recovered_retained.values == 0).all() and (ga.cos_retained.values > 0.9).all()
@@ -46,11 +46,11 @@ def test_known_positive_then_the_forgotten_point_is_no_longer_recovered(ran):
 
 def test_ga_moves_every_trained_block_and_lowers_the_retained_sets_kkt_residual(ran):
     un = open_results(ran / "chain.zarr", "unlearned").sel(alpha=1.0)
-    assert (un.eps_rel.sel({"method": "ga"}).values < un.eps_rel.sel({"method": "identity"}).values - 0.2).all()
-    assert (un.forget_acc_after.sel({"method": "ga"}).values == 0).all()  # the forgotten point flips side
-    assert (un.train_acc_after.sel({"method": "ga"}).values == 1).all()
+    assert (un.eps_rel.sel(unlearn_method="ga").values < un.eps_rel.sel(unlearn_method="identity").values - 0.2).all()
+    assert (un.forget_acc_after.sel(unlearn_method="ga").values == 0).all()  # the forgotten point flips side
+    assert (un.train_acc_after.sel(unlearn_method="ga").values == 1).all()
     trained = load_nets(ran / "chain.zarr", "nets")
-    ga = load_nets(ran / "chain.zarr", "unlearned", method="ga", alpha=1.0)
+    ga = load_nets(ran / "chain.zarr", "unlearned", unlearn_method="ga", alpha=1.0)
     for block in ("W", "b", "v"):
         moved = (getattr(ga, block) - getattr(trained, block)).abs().amax()
         assert float(moved) > 1e-3, block

@@ -55,7 +55,7 @@ def test_unlearn_full_stores_the_retrained_net_at_every_alpha(trained):
     from tasks.cells.unlearn_full import unlearn_full
 
     cells, out, net = trained
-    ucells = [{p: q.default for p, q in unlearn.P.items()} | {"method": "retrain", "alpha": a, "forget": 0}
+    ucells = [{p: q.default for p, q in unlearn.P.items()} | {"unlearn_method": "retrain", "alpha": a, "forget": 0}
               for a in (0.5, 1.0)] * 2
     keys = ["net0", "net0", "net1", "net1"]
     rep = lambda t: t[[0, 0, 1, 1]]  # noqa: E731

@@ -15,7 +15,7 @@ from flows import experiments
 from tasks.cells.unlearn import unlearn
 from tasks.unlearn.fixtures import fixture_o
 
-CELL = dict(method="ga", k=1, forget_seed=0, model="two_layer", loss="logistic", tie_tol=1e-9, ref_retrain=False,
+CELL = dict(unlearn_method="ga", k=1, forget_seed=0, model="two_layer", loss="logistic", tie_tol=1e-9, ref_retrain=False,
             init_scale=1e-5, retrain_lr=1.0, retrain_wd=0.0, retrain_epochs=1, test_points=0, mu_a=0.1,
             mu_scaling="sec6", store_nets=False)
 

@@ -18,7 +18,7 @@ from tasks.attacks import STEP_ATTACKS, chunk_for
 from tasks.cells import single_step as cell_fn
 
 P = {
-    "method": Param(str, "single_step_exact", "exact breakpoint sort (default) or its bisection oracle",
+    "single_step_method": Param(str, "single_step_exact", "exact breakpoint sort (default) or its bisection oracle",
                     choices=tuple(STEP_ATTACKS)),
     "deepfool": Param(bool, False, "also run the DeepFool-style iterative linearisation (X3)"),
     "points": Param(str, "test", "the points attacked: the upstream's test set, or its training points (for "

@@ -5,7 +5,7 @@ judged by the paper's own criterion, Def 2.2: is the result an (ε, δ)-approxim
 retained data (K1), how far in cosine from the references (K3), and what the theorems bound (§4),
 with their preconditions. Declaration and wiring only; the maths is ``tasks/cells/unlearn.py``.
 
-Axes: method, alpha, forget (index l, -1 one random l per net, -2 every l: the max over l that
+Axes: unlearn_method, alpha, forget (index l, -1 one random l per net, -2 every l: the max over l that
 Def 2.2 asks for), k. Its group's dims are the train stage's dims followed by its own.
 
 A producer too (the ``nets`` contract, core.declare.NetsContract): each cell with one forget set
@@ -38,7 +38,7 @@ from tasks.unlearn import METHODS
 from tasks.unlearn.bounds import PRECONDITIONS
 
 P = {
-    "method": Param(str, "ga", "unlearning method (tasks/unlearn registry)", choices=tuple(METHODS)),
+    "unlearn_method": Param(str, "ga", "unlearning method (tasks/unlearn registry)", choices=tuple(METHODS)),
     "alpha": Param(float, 1.0, "step as a fraction of the KKT multiplier λ_l (App. E sweeps [0, 1.5])", min=0, max=100),
     "forget": Param(int, -1, "forgotten index l; -1 one random l per net (App. E); -2 every l (Def 2.2's max)",
                     min=-2, max=10**5),
@@ -182,7 +182,7 @@ def _retrain(n, rows: list[int], drop, dev) -> tuple:
     """``retrain`` of nets with v trained: their producer's training again without ``drop`` (``train``'s)."""
     trainers = {n.contracts[r].trainer for r in rows}
     if trainers != {"train"}:
-        raise ValueError(f"method: 'retrain' of nets with v trained retrains train's nets, not {sorted(trainers)}")
+        raise ValueError(f"unlearn_method: 'retrain' of nets with v trained retrains train's nets, not {sorted(trainers)}")
     from flows.experiments import train
 
     return train.retrain([n.cells[r] for r in rows], drop, n.W, str(dev))
@@ -204,14 +204,14 @@ def needs(cell: dict) -> NetsNeeds:
     nets something was already forgotten from; the ref_retrain reference and D_MG test points redraw
     what ``train_kkt`` drew."""
     redraw = cell["ref_retrain"] or cell["test_points"] > 0
-    if cell["method"] == "retrain" and not redraw and cell["model"] != "linear":  # the producer trains again
+    if cell["unlearn_method"] == "retrain" and not redraw and cell["model"] != "linear":  # the producer trains again
         return NetsNeeds(trained=(frozenset({"W"}), frozenset({"W", "b"}), frozenset({"W", "b", "v"})),
                          without=frozenset({"forgotten"}), unfixed=frozenset({"b"}),
                          trainers=frozenset({"train_kkt", "train"}),
                          why="retrain trains the nets again: train_kkt's (its init redrawn) or train's (its "
                              "stack rebuilt)")
-    redraw = redraw or cell["method"] == "retrain"
-    if redraw or cell["method"] == "sequential_ga" or cell["model"] == "linear":
+    redraw = redraw or cell["unlearn_method"] == "retrain"
+    if redraw or cell["unlearn_method"] == "sequential_ga" or cell["model"] == "linear":
         return NetsNeeds(trained=(frozenset({"W"}), frozenset({"W", "b"})), output="frozen",
                          without=frozenset({"forgotten"}), unfixed=frozenset({"b"}),
                          trainers=frozenset({"train_kkt"}) if redraw else frozenset(),
@@ -230,7 +230,7 @@ def check(cell: dict) -> None:
         idx = cell_fn.parse_forget_set(cell["forget_set"])
     except ValueError as err:
         raise ConfigError("forget_set", str(err)) from None
-    if len(idx) > 1 and cell["method"] == "ga":
+    if len(idx) > 1 and cell["unlearn_method"] == "ga":
         raise ConfigError("forget_set", f"method 'ga' forgets one point, got {len(idx)}; use k_ga, sequential_ga "
                           "or retrain for a set")
 
@@ -263,7 +263,7 @@ EXPERIMENT = register(Experiment(
     params=P, variables=V, run_bundle=run_bundle, bundle_key=bundle_key, reads="nets", inherits=INHERITS,
     produces=("nets",), nets=contract, needs=needs, nets_arrays={"forgotten": ("sample",)}, check_points=check_points,
     check=check,
-    cost=lambda c: 1.0 + (c.get("retrain_epochs", 10**5) if c["method"] == "retrain" or c["ref_retrain"] else 0),
+    cost=lambda c: 1.0 + (c.get("retrain_epochs", 10**5) if c["unlearn_method"] == "retrain" or c["ref_retrain"] else 0),
     summary=("m_used", "eps", "eps_mean", "delta", "eps_rel", "eps1", "tau_fixed", "cos_svm", "preconditions_met"),
     spec_ids=("F001-1", "F001-2", "F001-3", "F001-4", "F001-5", "F001-6", "P001-4", "P001-5", "P001-6", "P001-7",
               "P001-8", "P001-10"),

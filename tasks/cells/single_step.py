@@ -41,7 +41,7 @@ def attack(W, b, v, W0, b0, Xt, yt, n_test, V_nominal, cells: list[dict], chunk:
     net, net0 = TwoLayer(W, b, v), TwoLayer(W0, b0, v)
     E, nt, _ = Xt.shape
     mask = torch.arange(nt)[None, :] < n_test[:, None]
-    method = STEP_ATTACKS[cells[0]["method"]]
+    method = STEP_ATTACKS[cells[0]["single_step_method"]]
     r = method(net, Xt, chunk=chunk, progress=progress)
     s = torch.sign(r.f)
     f0, g0 = input_grad(net0, Xt)

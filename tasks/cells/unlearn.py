@@ -1,5 +1,5 @@
 """The cell of experiment ``unlearn`` (paper 001; spec 001 §3 K1-K3, §4, F001-1 … F001-6): trained
-nets of a ``train_kkt`` stage in, per cell (method, α, forget, k) the KKT measures of the unlearned
+nets of a ``train_kkt`` stage in, per cell (unlearn_method, α, forget, k) the KKT measures of the unlearned
 net on the retained set, the references' τ, accuracies, the bounds and their preconditions out.
 
 A bundle's cells share everything but α and the upstream net; the cell dedupes the nets and the α
@@ -181,8 +181,8 @@ def unlearn(W, b, v, X, y, mask, d, m, width, rng, keys: list[str], cells: list[
     ``progress``: the optional ``progress(done, of, loss)`` of the retraining (retrain, ref_retrain);
     ``device``: where the retraining runs (None: the CPU, with everything else)."""
     c0 = cells[0]
-    linear, tol, method = c0["model"] == "linear", c0["tie_tol"], c0["method"]
-    for f in ("model", "loss", "init_scale", "retrain_lr", "retrain_wd", "retrain_epochs", "method", "tie_tol",
+    linear, tol, method = c0["model"] == "linear", c0["tie_tol"], c0["unlearn_method"]
+    for f in ("model", "loss", "init_scale", "retrain_lr", "retrain_wd", "retrain_epochs", "unlearn_method", "tie_tol",
               "ref_retrain", "test_points"):  # inherited per upstream cell, or in the bundle key: one per bundle
         if len({c[f] for c in cells}) > 1:
             raise ValueError(f"{f}: the cells of one bundle have different values {sorted({c[f] for c in cells})} "

@@ -74,17 +74,17 @@ def unlearn_full(W, b, v, X, y, mask, d, m, width, rng, keys: list[str], cells: 
     """tasks/cells/unlearn.py's ``unlearn`` for nets with v trained: the same arguments (``blocks``: the
     trained ones) and per cell the same names; paper 001's frozen-output bounds, lemmas, fixed net and
     references NaN (``violated``: the bit of "output layer frozen"); the unlearned net stored where the cell
-    has one forget set and ``store_nets``. ``retrain`` (method ``retrain``): ``retrain(rows, drop)`` -> (W, b,
+    has one forget set and ``store_nets``. ``retrain`` (unlearn_method ``retrain``): ``retrain(rows, drop)`` -> (W, b,
     v) of the nets at ``rows`` (indices into the arguments) trained again without the points ``drop`` (R,M)
     marks, padded like W (the producer's training: flows/experiments/train.py ``retrain``)."""
     from tasks.cells.unlearn import NO_NET, app_e_anchor, forget_sets  # one direction: unlearn.py never imports this
 
     c0 = cells[0]
-    method = c0["method"]
+    method = c0["unlearn_method"]
     if method not in METHODS:
-        raise ValueError(f"method: {method!r} needs a frozen output layer (train_kkt's nets); nets with v trained "
+        raise ValueError(f"unlearn_method: {method!r} needs a frozen output layer (train_kkt's nets); nets with v trained "
                          f"take {', '.join(METHODS)}")
-    for f in ("method", "tie_tol", "ref_retrain", "test_points"):
+    for f in ("unlearn_method", "tie_tol", "ref_retrain", "test_points"):
         if len({c[f] for c in cells}) > 1:
             raise ValueError(f"{f}: the cells of one bundle have different values {sorted({c[f] for c in cells})}")
     if c0["ref_retrain"] or c0["test_points"] > 0 or c0["model"] != "two_layer":
@@ -107,7 +107,7 @@ def unlearn_full(W, b, v, X, y, mask, d, m, width, rng, keys: list[str], cells: 
     E, L, A = Wh.shape[:3]
     if method == "retrain":  # the same net at every α: trained again without the forget set
         if retrain is None:
-            raise ValueError("method: 'retrain' needs the producer's training (none given)")
+            raise ValueError("unlearn_method: 'retrain' needs the producer's training (none given)")
         rows = pick.repeat_interleave(L).tolist()
         Wr, br, vr = retrain(rows, F.reshape(E * L, -1))
         Wh, bh, vh = (t.reshape(E, L, 1, *t.shape[1:]).expand(E, L, A, *t.shape[1:]) for t in (Wr, br, vr))
