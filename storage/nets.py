@@ -207,10 +207,10 @@ def source(path: str | pathlib.Path, group: str) -> tuple[str | None, int]:
 
 def _problem(g: zarr.Group, idx: tuple, label: str) -> str:
     if not bool(g[schema.DONE][idx]):
-        return f"upstream cell ({label}) is not done"
+        return f"upstream cell ({label}) {schema.UPSTREAM_NOT_DONE}"
     if schema.FAILED in g and bool(g[schema.FAILED][idx]):
         err = schema.failures(g.attrs).get(label, "")
-        return f"upstream cell ({label}) failed" + (f": {err}" if err else "")
+        return f"upstream cell ({label}) {schema.UPSTREAM_FAILED}" + (f": {err}" if err else "")
     if int(g["nets_stored"][idx]) != 1:
         return f"upstream cell ({label}) stored no nets (store_nets: false)"
     return ""
@@ -270,8 +270,8 @@ def load_nets_at(path: str | pathlib.Path, group: str, indices: list[tuple[int, 
     damage = cells_damage(path, group, [tuple(i) for i, p in zip(indices, problems) if not p])
     for e, idx in enumerate(map(tuple, indices)):  # never an edited or corrupt net handed on without a word
         if not problems[e] and idx in damage:
-            problems[e] = (f"upstream cell ({labels[e]}) is damaged: {damage[idx]}; `kktlab verify {path}` names it, "
-                           "`kktlab run` on its config recomputes it")
+            problems[e] = (f"upstream cell ({labels[e]}) {schema.UPSTREAM_DAMAGED}: {damage[idx]}; "
+                           f"`kktlab verify {path}` names it, `kktlab run` on its config recomputes it")
     rebuilt = _rebuilt(g, indices, cells, labels, problems, rebuild) if rebuild else [{} for _ in indices]
     size = {n: np.array([int(g[n][tuple(idx)]) for idx in indices], dtype=np.int64)
             for n in ("d_used", "m_used", "width_used")}

@@ -142,7 +142,7 @@ def stage_scalars(path: str | pathlib.Path, group: str) -> xr.Dataset:
         return ds
     up = load_scalars(open_results(path, source))
     skip = set(ds.data_vars) | {schema.DONE, schema.FAILED, schema.CELL_HASH, schema.UPSTREAM_HASH,
-                                schema.FINISHED}
+                                schema.FINISHED, schema.HOST}
     # an upstream variable named like one of this stage's own axes (forge's eps axis, the upstream unlearn's
     # eps) would be hidden by it: it comes in as "<source>.<name>", never silently dropped (issue 40)
     extra = {(f"{source}.{v}" if v in ds.coords else v): up[v].broadcast_like(ds[schema.DONE])

@@ -49,7 +49,12 @@ CELL_HASH = "cell_hash"  # every cell: content hash of its stored values (storag
 UPSTREAM_HASH = "upstream_hash"  # a reading stage's cell: the cell_hash of the upstream cell it read
 NO_HASH = -1  # the fill of both: no hash recorded (cells of stores made before hashes)
 FINISHED = "cell_finished"  # every cell: when its values were written (UTC, CF time: a netCDF tool reads a date)
-NOT_HASHED = ("wall_s", FINISHED)  # timings / places differ on every run and change nothing a reader reads
+HOST = "cell_host"  # every cell: the machine that wrote its values (its host name; "": not recorded)
+HOST_CHARS = 64  # a host name longer than this is cut (RFC 1123 labels are at most 63 characters)
+NOT_HASHED = ("wall_s", FINISHED, HOST)  # timings / places differ on every run and change nothing a reader reads
+# what a reading cell's failure says of an upstream cell unusable then: "upstream cell (<label>) <why>" (written by
+# storage/nets.py, read back by storage/stale.py: such a cell is stale once that upstream cell is usable again)
+UPSTREAM_NOT_DONE, UPSTREAM_FAILED, UPSTREAM_DAMAGED = "is not done", "failed", "is damaged"
 NETS_ARRAYS = "kktlab_nets_arrays"  # group attribute (JSON): array name -> own dims a producer keeps for readers
 NETS_ARRAYS_CRC = "kktlab_nets_arrays_crc32c"  # group attribute: the crc32c of NETS_ARRAYS as written
 CONVENTIONS = "CF-1.10"
@@ -180,6 +185,9 @@ def template(exp: Experiment, grid: dict[str, list], extra_sizes: dict[str, int]
         dims, _filled(da.full, shape, np.nan), encoding=cell,
         attrs={"units": EPOCH, "calendar": "standard", "standard_name": "time",
                "description": "when the cell's values were written (UTC; NaN: not recorded)"})
+    data_vars[HOST] = xr.Variable(
+        dims, _filled(da.full, shape, "", dtype=f"<U{HOST_CHARS}"), encoding=cell,
+        attrs={"description": "the host name of the machine that wrote the cell's values (empty: not recorded)"})
     hashes = {CELL_HASH: (True, "sha256 of the cell's stored values but timings (first 63 bits; -1: none "
                                 "recorded), compared with a reading stage's upstream_hash and a worker's receipt"),
               UPSTREAM_HASH: (bool(exp.reads), "cell_hash of the upstream cell this cell read (-1: none recorded)")}

@@ -32,9 +32,10 @@ import zarr
 from storage import schema
 
 
-# a reading cell's failure that its upstream cell caused by being unusable then (storage/nets.py's words):
+# a reading cell's failure that its upstream cell caused by being unusable then (the words storage/nets.py writes):
 # the cell is stale once that upstream cell is usable again or computed again (not done: the run computes it)
-UPSTREAM_WAS_UNUSABLE = re.compile(r"upstream cell \(.*?\) (is not done|failed|is damaged)")
+UPSTREAM_WAS_UNUSABLE = re.compile(r"upstream cell \(.*?\) (" + "|".join(
+    map(re.escape, (schema.UPSTREAM_NOT_DONE, schema.UPSTREAM_FAILED, schema.UPSTREAM_DAMAGED))) + ")")
 
 
 @dataclasses.dataclass

@@ -195,9 +195,9 @@ class Store:
         gpath = self.path / self.group_name
         attrs = nets_mod.restore_nets_arrays(gpath, exp.nets_arrays) + schema.restore_acted_on(self.group("r+"), exp)
         # every array of the template (a variable or hash array added since: re-created), but cell_finished
-        # where the group was made without it (an older kktlab's group does not gain it)
+        # and cell_host where the group was made without them (an older kktlab's group does not gain them)
         made = set(self.group().attrs.get(schema.VARIABLES) or ds.data_vars)
-        listed = {str(n) for n in ds.data_vars if n != schema.FINISHED or n in made}
+        listed = {str(n) for n in ds.data_vars if n not in (schema.FINISHED, schema.HOST) or n in made}
         broken = [name for name in ds.variables if (name in ds.coords or name in listed)  # never made
                   and not _array_sound(gpath / str(name), name in ds.coords)]
         if not broken:
@@ -281,11 +281,12 @@ class Store:
         return hashes
 
     def _stamp(self, points: np.ndarray) -> None:
-        """Record when (UTC) these cells were written (groups made before: nothing)."""
-        if not len(points) or schema.FINISHED not in self._group_rw:
-            return
-        now = datetime.datetime.now(datetime.timezone.utc).timestamp()
-        blocks.write_points(self._array(schema.FINISHED), points, np.full(len(points), now), np.nan)
+        """Record when (UTC) and where (this host) these cells were written (groups made before: nothing)."""
+        now, host = datetime.datetime.now(datetime.timezone.utc).timestamp(), platform.node()[:schema.HOST_CHARS]
+        for name, value, fill in ((schema.FINISHED, now, np.nan), (schema.HOST, host, "")):
+            if len(points) and name in self._group_rw:
+                arr = self._array(name)
+                blocks.write_points(arr, points, np.full(len(points), value, dtype=arr.dtype), fill)
 
     def holds(self, written: list[tuple[tuple[int, ...], int]]) -> bool:
         """Do the cells hold what their worker wrote? ``written``: (index, content hash) pairs from

@@ -40,7 +40,7 @@ def test_default_log_points_keeps_the_train_layout_exactly():
                                                "width_used", "nets_stored", "wall_s", "W", "b", "v", "X", "y",
                                                "data_index", "data_checksum", "eps_rel", "n_margin",
                                                "batch_rng_state", "done", "failed",
-                                               "cell_hash", schema.FINISHED}
+                                               "cell_hash", schema.FINISHED, schema.HOST}
     logged = schema.template(EXP, {"seed": [0]}, EXP.extra_dims([dict(CELL, log_points=POINTS)]))
     assert logged.traj_eps_rel.dims == ("seed", "log_step") and logged.sizes["log_step"] == POINTS
 
