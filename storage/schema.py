@@ -112,6 +112,8 @@ def fill_value(dtype: np.dtype):
         return False
     if dtype.kind in "iu":
         return -1 if dtype.kind == "i" else 0
+    if dtype.kind == "U":  # cell_host
+        return ""
     raise TypeError(f"unsupported variable dtype {dtype}")
 
 
