@@ -46,3 +46,12 @@ def text(rows: list[Row]) -> str:
         line = f"  {r.verdict:<22} {r.spec_id:<8} {r.criterion:<44} {r.measured or '-':<34} [{r.threshold}]"
         out.append(line + (f"  ({r.note})" if r.note else ""))
     return "\n".join(out)
+
+
+def against_paper(stem: str, claims: dict[str, tuple[str, ...]], rows: list[Row]) -> list[str]:
+    """How a figure compares with the paper: one line per acceptance row of the claims it draws
+    (``claims``: a figure stem's start -> spec IDs, the figures module's ``CLAIMS``), with the paper's
+    threshold beside what this store measured and the verdict. None: [] (a figure no claim is about)."""
+    ids = next((v for k, v in sorted(claims.items(), key=lambda kv: -len(kv[0])) if stem.startswith(k)), ())
+    return [f"paper vs this store ({r.spec_id}, {r.criterion}): paper {r.threshold}; here {r.measured or '-'}: "
+            f"{r.verdict}" for r in rows if r.spec_id in ids]

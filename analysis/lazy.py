@@ -16,6 +16,11 @@ from analysis.common import REFERENCE, finish, plt
 from storage.query import fixed_params, usable
 from storage.stats import aggregate, caption, yerr
 
+# the acceptance rows (analysis/acceptance_003.py) a figure draws: the report says under it how this store
+# compares with the paper (kktlab/report.py)
+CLAIMS = {"fig2": ("E1",), "fig5": ("E1",), "fig3": ("E2",), "fig6": ("E2",), "fig4_left": ("E4",),
+          "fig4_right": ("E5",), "fig7": ("E3",)}
+
 SLOPE = {"med_delta_rel": -0.5, "med_gnorm": 0.5, "med_eta_star": -1.0, "med_eta_rel": -1.0}
 LABEL = {"med_delta_rel": "||δ*||/||x||", "med_gnorm": "||∇f(x)||", "med_eta_star": "|η*|", "med_eta_rel": "|η*|/||x||"}
 

@@ -135,6 +135,9 @@ FIGURES = (  # (variable, y label, title, file stem, sqrt(d) line)
     ("margin_frac", "|I| / m (10% slack)", "Paper 002 Fig. 2a: samples on the margin", "fig2a_margin_frac", False),
     ("n_off_margin", "m - |I|", "Paper 002 Fig. 2b: samples not on the margin", "fig2b_off_margin", False),
 )
+# the acceptance rows (analysis/acceptance_002.py) each figure draws: the report says under it how this store
+# compares with the paper (kktlab/report.py)
+CLAIMS = {"fig1_c_star": ("R2", "R4", "R5"), "fig2a_margin_frac": ("R3",), "fig2b_off_margin": ("R3",)}
 
 
 def figures(ds: xr.Dataset, out_dir: pathlib.Path, prefix: str = "") -> list[pathlib.Path]:

@@ -42,6 +42,9 @@ def per_radius(ds: xr.Dataset, var: str) -> dict[float, np.ndarray]:
 
 
 WITHIN = ("restart",)  # repeats of the attack on one net: averaged within each net for the mean
+# the acceptance rows (analysis/acceptance_004.py) a figure draws: the report says under it how this store
+# compares with the paper (kktlab/report.py)
+CLAIMS = {"F004-1_score_vs_radius": ("P004-13", "P004-14", "P004-15")}
 
 
 def _unshifted(ds: xr.Dataset) -> tuple[xr.Dataset, str]:

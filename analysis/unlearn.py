@@ -26,6 +26,9 @@ from storage.query import usable  # noqa: E402
 from storage.stats import aggregate, caption, domain_of, yerr  # noqa: E402
 
 OVER = "seed"
+# the acceptance rows (analysis/acceptance_001.py) a figure draws: the report says under it how this store
+# compares with the paper (kktlab/report.py)
+CLAIMS = {"F001-1_eps": ("P001-4",), "F001-3": ("P001-7",), "F001-6_test_acc": ("P001-10",)}
 # Non-negative by definition (spec 001 Def 2.2: ε, δ are maxima of norms and of non-negative slack), for
 # stores made before the declaration carried domain=(0, None) (valid_min): their bands stop at 0.
 NON_NEGATIVE = ("eps", "eps_mean", "delta", "delta_mean", "eps_rel", "eps_d", "delta_rel")

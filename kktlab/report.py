@@ -50,14 +50,18 @@ def acceptance_rows(ds) -> list[acc.Row]:
     return importlib.import_module(decl.acceptance).acceptance(ds) if decl and decl.acceptance else []
 
 
-def _drawn(figs, section: Section, out: pathlib.Path, lines: list[str]) -> list[pathlib.Path]:
+def _drawn(figs, section: Section, out: pathlib.Path, lines: list[str], prefix: str = "",
+           claims: dict | None = None) -> list[pathlib.Path]:
     """The figures ``figs`` that were written (their captions and SVG twins to ``section``); those
-    not drawn are named in ``lines`` with why."""
+    not drawn are named in ``lines`` with why. A figure a paper claim is about (``claims``, the figures
+    module's ``CLAIMS``) says under it how this store compares with the paper (``section.rows``)."""
     not_drawn, captions = common.take_records()
     kept = [f for f in figs if f.exists()]
     for f in kept:
-        section.figures.append((f.relative_to(out).as_posix(), captions.get(f.name, "")))
-        lines.append(f"![{f.stem}]({f.relative_to(out).as_posix()})")
+        paper = acc.against_paper(f.stem.removeprefix(prefix), claims or {}, section.rows)
+        caption = "\n".join([captions.get(f.name, ""), *paper]).strip()
+        section.figures.append((f.relative_to(out).as_posix(), caption))
+        lines += [f"![{f.stem}]({f.relative_to(out).as_posix()})", *(f"- {line}" for line in paper)]
     for name, why in not_drawn:
         section.not_drawn.append((name, why))
         lines.append(f"- not drawn: `{name}`: {why}")
@@ -118,7 +122,7 @@ def _store(store, out: pathlib.Path, fig_dir: pathlib.Path, echo) -> tuple[list[
         if notes:
             lines += ["### Seeds per point", "", *notes]
             echo(f"== {g} ({exp}): {notes[0]}")
-        paths += _drawn(figs, sec, out, lines)
+        paths += _drawn(figs, sec, out, lines, f"{g}_", getattr(module, "CLAIMS", {}))
         lines.append("")
     from analysis import pipeline
 

@@ -257,6 +257,29 @@ def test_index_lists_seeds_and_acceptance(built):
     assert "left out: 1 pending, 1 max_iters, 1 dead, 1 c_star=inf" in text
 
 
+
+def test_a_figure_says_under_it_how_the_store_compares_with_the_paper(built, group):
+    """Issue 40: Fig. 2a draws R3 (|I|/m = 1 at α = 0.5, >= 0.92 above): under it the paper's threshold,
+    what this store measured and the verdict, in index.md and the HTML caption; Fig. 1 says R2, R4, R5;
+    a figure no claim is about (forging) says nothing of the kind."""
+    from analysis.acceptance import against_paper
+
+    lines = (built[1] / "index.md").read_text().splitlines()
+    rows = group("fig1a")[1]
+    at = next(i for i, ln in enumerate(lines) if ln.startswith("![fig1a_fig2a_margin_frac]"))
+    r3 = [r for r in rows if r.spec_id == "R3"]  # α = 0.5 and α >= 0.8
+    assert len(r3) == 2 and lines[at + 1:at + 3] == [f"- paper vs this store (R3, {r.criterion}): paper {r.threshold}; "
+                                                     f"here {r.measured or '-'}: {r.verdict}" for r in r3]
+    at = next(i for i, ln in enumerate(lines) if ln.startswith("![fig1a_fig1_c_star]"))
+    assert [ln.split(",")[0] for ln in lines[at + 1:at + 4]] == [f"- paper vs this store ({i}" for i in ("R2", "R4", "R5")]
+    at = next(i for i, ln in enumerate(lines) if ln.startswith("![forging_forging_volume_estimator-exact]"))
+    assert not lines[at + 1].startswith("- paper vs this store")
+    html = (built[1] / "index.html").read_text()
+    assert "paper vs this store (R3," in html
+    claims = {"fig2": ("E1",), "fig2a": ("R3",)}  # the longest matching start wins
+    assert [ln.split(",")[0] for ln in against_paper("fig2a_margin_frac", claims, rows)] == ["paper vs this store (R3"] * 2
+    assert against_paper("fig9", claims, rows) == []
+
 def test_terminal_gets_the_acceptance_table(built):
     echoed = "\n".join(built[3])
     assert "== fig1a (nonrobust): acceptance" in echoed and "== forging (forging): acceptance" in echoed
