@@ -31,6 +31,10 @@ import xarray as xr  # noqa: E402
 from analysis.common import finish  # noqa: E402
 from storage.query import fixed_params, usable  # noqa: E402
 from storage.stats import NETS, aggregate, caption  # noqa: E402
+
+# the acceptance rows (analysis/acceptance_000.py) the volume panels draw: the report says under each how this
+# store compares with the paper (kktlab/report.py)
+CLAIMS = {"forging_volume": ("P000-2", "P000-5", "P000-13")}
 from tasks.cells.forging import PROBABILITY_DOMAINS  # noqa: E402
 from tasks.forging.slopes import fit_log_slope  # noqa: E402
 

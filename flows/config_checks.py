@@ -113,7 +113,7 @@ def check_stages(cfg) -> None:
 # xarray): a dim of that name cannot be selected with ds.sel(name=...) (``method`` picks an inexact-match
 # rule instead, and ds.sel(method="ga") returned every method). Refused as grid axes. unlearn's and
 # single_step's ``method`` were renamed (issue 40); stores made before are read with the new names
-# (storage/schema.py LEGACY_DIMS).
+# (storage/schema.py current_dims).
 SEL_KEYWORDS = ("drop", "indexers", "method", "missing_dims", "tolerance")
 RENAMED = {("unlearn", "method"): "unlearn_method", ("single_step", "method"): "single_step_method"}
 

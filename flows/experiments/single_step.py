@@ -19,7 +19,7 @@ from tasks.cells import single_step as cell_fn
 
 P = {
     "single_step_method": Param(str, "single_step_exact", "exact breakpoint sort (default) or its bisection oracle",
-                    choices=tuple(STEP_ATTACKS)),
+                                choices=tuple(STEP_ATTACKS)),
     "deepfool": Param(bool, False, "also run the DeepFool-style iterative linearisation (X3)"),
     "points": Param(str, "test", "the points attacked: the upstream's test set, or its training points (for "
                     "forgotten vs retained points of unlearned nets)", choices=("test", "train")),
