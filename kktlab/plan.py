@@ -79,15 +79,20 @@ def print_plan(cfgs, stores, out=None) -> None:
         rows, by_name = [], {}
         for stage in cfg.stages:
             up = by_name.get(stage.source)
-            rows.append(stage_plan(stage, store, *(up or (None, None, None))))
-            by_name[stage.name] = (tuple(rows[-1]["block"]), rows[-1]["bundle_cells"], stage)
+            rows.append(stage_plan(stage, store, *(up or (None, None, None))[:3]))
+            # a reader declares no memory of its own: it holds at least the largest net it reads (its upstream's
+            # largest cell, or what that one reads in turn)
+            rows[-1]["reads_bytes"] = (up[3]["largest_cell_bytes"] or up[3]["reads_bytes"]) if up else 0.0
+            by_name[stage.name] = (tuple(rows[-1]["block"]), rows[-1]["bundle_cells"], stage, rows[-1])
         print(f"[dry run] {cfg.name} -> {store} (nothing is started or written)", file=out)
         for r in rows:
             held = "new group" if r["done"] is None else f"{r['done']:,} done already"
             fields = ", ".join(f"{k}={v}" for k, v in r["largest_cell"].items())
             print(f"  {r['stage']} ({r['experiment']}): {r['cells']:,} cells ({held}), ~{r['bundles']:,} bundles, "
                   f"{r['files']:,} files (a chunk per {math.prod(r['block']):,} cells), {_size(r['bytes'])} uncompressed; largest cell "
-                  f"{_size(r['largest_cell_bytes']) if r['largest_cell_bytes'] else 'unknown'}"
+                  + (_size(r["largest_cell_bytes"]) if r["largest_cell_bytes"] else
+                     f"at least {_size(r['reads_bytes'])} (the largest net it reads; its own tensors not estimated)"
+                     if r["reads_bytes"] else "unknown")
                   + (f" ({fields})" if fields else ""), file=out)
         print(f"  store total: {sum(r['files'] for r in rows):,} files, "
               f"{_size(sum(r['bytes'] for r in rows))} uncompressed", file=out)

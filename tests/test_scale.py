@@ -5,6 +5,7 @@ and a 10^5-cell group is created without a per-cell task graph (timings: benchma
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -154,3 +155,9 @@ def test_a_chain_opens_its_groups_in_the_blocks_the_dry_run_plans(tmp_path):
     out = io.StringIO()
     print_plan([cfg], [str(tmp_path / "none.zarr")], out=out)
     assert "recon (reconstruct): 36 cells (new group), ~9 bundles" in out.getvalue()
+    # a reader declares no memory of its own: at least the largest net it reads, through a reader of a reader
+    # (issue 45: "largest cell unknown" for every reading stage); the train_kkt stage's own estimate is that net
+    nets = re.search(r"nets \(train_kkt\): .*largest cell ([0-9.,]+ [KMG]?B) ", out.getvalue()).group(1)
+    for reader in ("unlearned (unlearn)", "recon (reconstruct)", "forge (forge_net)"):
+        assert re.search(re.escape(reader) + r": .*largest cell at least " + re.escape(nets) + r" \(the largest net it reads",
+                         out.getvalue()), reader
