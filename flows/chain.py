@@ -238,6 +238,7 @@ class Scheduler:
         for st in self.stages:
             if st.writer is not None and st.pending:
                 st.writer.progress.inside(inside.summary(inside.read(self.path, st.cfg.name)))
+                st.writer.progress.tick()  # elapsed and ETA refreshed even when nothing changed
 
     def _run(self) -> list[dict]:
         for st in self.stages:

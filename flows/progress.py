@@ -158,6 +158,15 @@ class Progress:
             self.cards = StageCards(store or label, label, self.percent, self.line().removeprefix("[kktlab] "))
         self.emit(force=True)
 
+    REFRESH_S = 30.0  # while the stage runs, a line at least this often: elapsed and ETA never stand still
+
+    def tick(self) -> None:
+        """On the flow's timer (flows/chain.py, every ``POLL_S`` without a finished bundle): a line, with its
+        elapsed time and ETA as they are now, where none went out for :data:`REFRESH_S` (issue 43: a stale
+        ETA stood for 111 s between two events)."""
+        if self.t0 is not None and self.done < self.total and self.clock() - self.last >= self.REFRESH_S:
+            self.emit(force=True)
+
     def running(self) -> None:
         """The stage's first bundle runs: its clock starts (later calls change nothing)."""
         if self.t0 is None:

@@ -77,6 +77,30 @@ def test_run_off_a_terminal_keeps_the_sweeps_own_lines():
     assert lines[-1].startswith("[kktlab] nets: cells 4/4 (100%)") and lines[-1].endswith("1 from cache, 1 failed")
 
 
+
+def test_a_running_stage_refreshes_its_line_on_the_timer():
+    """Issue 43: between two finished bundles the line (elapsed, ETA) is printed again every REFRESH_S
+    on the flow's timer, never more often, and not before the stage runs or after it ends."""
+    now = [0.0]
+    out = io.StringIO()
+    p = Progress(4, 0, "nets", stream=out, every_s=0.0, clock=lambda: now[0])
+    p.tick()  # not running yet: nothing
+    p.running()
+    now[0] = 10.0
+    p.advance(1)  # 1 cell in 10 s: ETA 30 s
+    now[0] = 10.0 + Progress.REFRESH_S - 1
+    p.tick()
+    assert len(out.getvalue().splitlines()) == 2
+    now[0] = 10.0 + Progress.REFRESH_S
+    p.tick()
+    last = parse_line(out.getvalue().splitlines()[-1])
+    assert len(out.getvalue().splitlines()) == 3 and last.done == 1
+    assert last.elapsed_s == 10.0 + Progress.REFRESH_S and last.eta_s == 3 * last.elapsed_s  # as of now
+    p.advance(3)
+    now[0] += 2 * Progress.REFRESH_S
+    p.tick()  # done: nothing more
+    assert len(out.getvalue().splitlines()) == 4
+
 @pytest.mark.slow
 @pytest.mark.requires_services
 def test_run_is_quiet_prints_the_dashboard_once_and_tears_down_without_a_kill(cli, prefect_server, tmp_path,
