@@ -127,3 +127,40 @@ def test_the_benchmark_page_has_every_results_file_and_reads_its_numbers(gen, tm
                                                  "ratio": 1.23456, "rows": [{"E": 4, "s": 0.5}, {"E": 8, "s": 0.25}]}))
     made = module.page(tmp_path)
     assert "| ratio | 1.235 |" in made and "| 8 | 0.25 |" in made and "measured on cpu / Some CPU" in made
+
+
+@pytest.mark.parametrize("page", ["docs/served.md", "README.md"])
+def test_the_bash_blocks_name_real_targets_and_commands(page):
+    """docs/served.md and the README (issue 45: every code block runs in a test): served.md's block starts
+    servers and workers, which the served tests do through the same commands (tests/served_support.py),
+    and the README's run the quickstart and the suite (.ci/run runs both); here each ``make`` line is a
+    real target whose recipe ``make -n`` prints (the kktlab commands in it parse), each ``kktlab`` line
+    parses with kktlab's own parser, and nothing else is in the pages' bash blocks."""
+    import shlex
+    import subprocess
+
+    from kktlab.cli import parser
+
+    text = (ROOT / page).read_text()
+    lines = [ln.strip() for code in re.findall(r"```bash\n(.*?)```", text, re.S) for ln in code.splitlines()
+             if ln.strip()]
+    made = parsed = 0
+    for line in lines:
+        args = [a for a in shlex.split(line, comments=True) if not a.startswith("[") and not a.endswith("]")]
+        if args[0] == "make":
+            res = subprocess.run(["make", "-n", *args[1:]], cwd=ROOT, capture_output=True, text=True, timeout=60)
+            assert res.returncode == 0 and res.stdout.strip(), (line, res.stderr)
+            for cmd in re.findall(r"bin/kktlab (.*)", res.stdout):
+                parser().parse_args(shlex.split(cmd))
+            made += 1
+        elif args[0].endswith("kktlab"):
+            parser().parse_args(args[1:])
+            parsed += 1
+        elif args[0].endswith("pip"):  # an optional extra the project declares
+            import tomllib
+
+            extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+            assert set(re.findall(r'"\.\[(\w+)\]"', line)) <= set(extras), line
+        else:
+            assert args[0] == "export", line  # served.md's shell line: the server's address for what follows
+    assert made >= {"docs/served.md": 5, "README.md": 4}[page] and parsed >= 2
