@@ -164,3 +164,49 @@ def test_the_bash_blocks_name_real_targets_and_commands(page):
         else:
             assert args[0] == "export", line  # served.md's shell line: the server's address for what follows
     assert made >= {"docs/served.md": 5, "README.md": 4}[page] and parsed >= 2
+
+
+def test_the_readmes_quickstart_reading_lines_and_python_block_run(cli, tmp_path):
+    """The README's reading commands and its python block (issue 45: every code block runs) against a
+    quickstart store: configs/quickstart.yaml's grid, its cells written with known numbers (c* = 1 + the
+    d index), no training. Each ``kktlab`` line naming results/quickstart.zarr (or no store) runs in a
+    folder that holds it and exits 0; a line naming another store or a placeholder is parsed by the test
+    above. The python block's table has the numbers written."""
+    import shlex
+    import sys
+
+    import numpy as np
+
+    from flows import config
+    from flows.sweep import open_store
+
+    cfg = config.load(ROOT / "configs" / "quickstart.yaml")
+    store = open_store(cfg, tmp_path / "results" / "quickstart.zarr", "cpu")
+    for idx in np.ndindex(*[len(v) for v in cfg.grid.values()]):
+        vals = {n: (np.zeros(4, v.dtype) if v.dims else np.asarray(1, v.dtype)) for n, v in cfg.exp.variables.items()}
+        assert store.write_cell(idx, dict(vals, c_star=np.float64(1 + idx[0]), c_star_rel=np.float64(0.1)))
+    text = (ROOT / "README.md").read_text()
+    ran = []
+    for code in re.findall(r"```bash\n(.*?)```", text, re.S):
+        for line in code.splitlines():
+            args = shlex.split(line, comments=True)
+            stores = [a for a in args if a.endswith(".zarr")]
+            if not args or not args[0].endswith("kktlab") or any(a.isupper() for a in args) or \
+                    stores not in ([], ["results/quickstart.zarr"]) or args[1] == "run":
+                continue
+            args = [str(tmp_path / "figs") if a == "figs/" else a for a in args[1:]]
+            res = cli.run(*args, cwd=tmp_path)
+            assert res.returncode == 0 and (res.stdout or res.stderr), (line, res.stderr[-2000:])
+            ran.append(args[0])
+    assert sorted(set(ran)) == ["experiments", "report", "status", "table"] and ran.count("table") == 2
+    assert (tmp_path / "figs" / "index.html").exists() and (tmp_path / "quickstart.parquet").exists()
+    sys.path.insert(0, str(ROOT / "docs"))
+    import gen_tutorial
+
+    printed = gen_tutorial.printed_by_blocks(text, tmp_path, "README.md")
+    assert printed == [""]  # the block prints nothing; its frame:
+    import kktlab
+
+    df = kktlab.table(tmp_path / "results" / "quickstart.zarr", vars=["c_star"], by=["d"], stat="sem")
+    assert df[["d", "alpha"]].values.tolist() == [[25, 0.5], [25, 1.0], [50, 0.5], [50, 1.0]]  # alpha kept
+    assert df["c_star"].tolist() == [0.0] * 4 and df["c_star_n"].tolist() == [2] * 4  # the sem over 2 equal seeds
