@@ -177,13 +177,19 @@ def _cut(names, k: int, d: int) -> tuple:
     return tuple(slice(0, {"hidden": k, "feature": d}.get(n)) for n in names)
 
 
+def grid_coords(g: zarr.Group) -> dict[str, np.ndarray]:
+    """The grid coordinates of group ``g`` in dim order, under the names readers use (a dim renamed
+    since the group was made: its new name, ``schema.current_dim``)."""
+    return {schema.current_dim(d, v): v for d in g[schema.DONE].metadata.dimension_names
+            for v in (np.asarray(g[d][...]),)}
+
+
 def cells_as_run(g: zarr.Group, indices: list[tuple[int, ...]]) -> list[dict]:
     """The cells of group ``g`` at grid ``indices`` as they were run: the stage's fixed parameters,
     the cell's coordinates and the config case of each coordinate (``cases`` in the group's identity,
     e.g. ``{seed: 1, variant: raw}``), never rebuilt from defaults."""
     ident = json.loads(g.attrs.get("kktlab_identity") or "{}")
-    stored = {d: np.asarray(g[d][...]) for d in g[schema.DONE].metadata.dimension_names}
-    coords = {schema.current_dim(d, v): v for d, v in stored.items()}  # issue 40's renames
+    coords = grid_coords(g)
     dims = list(coords)
     out = []
     for idx in indices:
@@ -255,8 +261,7 @@ def load_nets_at(path: str | pathlib.Path, group: str, indices: list[tuple[int, 
     if rebuild is None and "X" not in g:
         raise StoreError(f"group '{group}' of {path} keeps its training sets as indices into a data file; "
                          f"its producing experiment rebuilds them: use kktlab.load_nets (or pass rebuild=)")
-    stored = {d: np.asarray(g[d][...]) for d in g[schema.DONE].metadata.dimension_names}
-    coords = {schema.current_dim(d, v): v for d, v in stored.items()}  # issue 40's renames
+    coords = grid_coords(g)
     dims = list(coords)
     coord = [{dim: coords[dim][i].item() for dim, i in zip(dims, idx)} for idx in indices]
     labels = [", ".join(f"{k}={v}" for k, v in c.items()) for c in coord]
@@ -327,8 +332,7 @@ def select_indices(path: str | pathlib.Path, group: str, sel: dict) -> list[tupl
     import itertools
 
     g = zarr.open_group(str(pathlib.Path(path) / group), mode="r", zarr_format=3)
-    stored = {d: [v.item() for v in np.asarray(g[d][...])] for d in g[schema.DONE].metadata.dimension_names}
-    coords = {schema.current_dim(d, values): values for d, values in stored.items()}  # issue 40's renames
+    coords = {dim: [v.item() for v in values] for dim, values in grid_coords(g).items()}
     dims = list(coords)
     unknown = sorted(set(sel) - set(dims))
     if unknown:
